@@ -1,0 +1,3 @@
+from runnerd.cli import main
+
+raise SystemExit(main())

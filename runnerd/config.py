@@ -1,0 +1,91 @@
+"""Settings: one object, built from defaults < config file (TOML) < ``RUNNERD_*`` env < flags.
+
+Built once by the CLI and passed down explicitly; nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from runnerd import constants as C
+from runnerd.errors import RunnerdError
+
+__all__ = ["ConfigError", "Settings", "load_settings"]
+
+
+class ConfigError(RunnerdError):
+    """A config file, env variable or flag with a bad value; the message names it."""
+
+
+class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    data_dir: Path = Path(C.DEFAULT_DATA_DIR).expanduser()
+    host: str = C.DEFAULT_HOST
+    port: int = C.DEFAULT_PORT
+    # Node.js that runs JS/TS tools and the upload checks: a path, or a name on PATH.
+    node: str = "node"
+    # Where esbuild and the module lexers are installed; default <data_dir>/toolchain.
+    toolchain_dir: Path | None = None
+
+    @property
+    def toolchain_path(self) -> Path:
+        return self.toolchain_dir or self.data_dir / "toolchain"
+
+
+_FIELDS = Settings.__struct_fields__
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {
+        field: env[key]
+        for field in _FIELDS
+        if (key := f"RUNNERD_{field.upper()}") in env and env[key] != ""
+    }
+
+
+def _decode_path(kind: type, value: Any) -> Any:
+    if kind is Path and isinstance(value, str):
+        return Path(value)
+    raise NotImplementedError
+
+
+def load_settings(
+    *,
+    config_file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Merge the layers; raise ConfigError naming the file, variable or flag at fault."""
+    env = os.environ if env is None else env
+    merged: dict[str, Any] = {}
+    config_file = config_file or (
+        Path(env["RUNNERD_CONFIG"]) if env.get("RUNNERD_CONFIG") else None
+    )
+    if config_file is not None:
+        try:
+            layer = tomllib.loads(config_file.read_text())
+        except OSError as exc:
+            raise ConfigError(f"{config_file}: cannot read the config file: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{config_file}: {exc}") from None
+        unknown = sorted(set(layer) - set(_FIELDS))
+        if unknown:
+            raise ConfigError(
+                f"{config_file}: unknown setting(s) {', '.join(unknown)}; "
+                f"known: {', '.join(_FIELDS)}"
+            )
+        merged.update(layer)
+    merged.update(_from_env(env))
+    merged.update({k: v for k, v in (flags or {}).items() if v is not None})
+    for key in ("data_dir", "toolchain_dir"):
+        if merged.get(key) is not None:
+            merged[key] = str(Path(str(merged[key])).expanduser())
+    try:
+        return msgspec.convert(merged, Settings, strict=False, dec_hook=_decode_path)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid setting: {exc}") from None

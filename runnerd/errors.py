@@ -1,0 +1,49 @@
+"""Domain errors. They know nothing about HTTP; the API layer maps them to the envelope."""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["BundleRejected", "Problem", "RunnerdError", "VersionExists"]
+
+
+class Problem(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One thing wrong with an upload: the file (relative to the app), the line, the message."""
+
+    file: str
+    message: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.message}"
+
+
+class RunnerdError(Exception):
+    """Base of every error runnerd raises on purpose."""
+
+
+class BundleRejected(RunnerdError):
+    """An upload had problems; nothing was stored. ``problems`` lists every one found."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        count = len(problems)
+        super().__init__(
+            f"{count} problem{'s' if count != 1 else ''} in the upload; nothing stored"
+        )
+
+    def __repr__(self) -> str:
+        return f"BundleRejected({len(self.problems)} problems: {self.problems[:3]!r}...)"
+
+
+class VersionExists(RunnerdError):
+    """The app already has a version with this version string; versions are immutable."""
+
+    def __init__(self, slug: str, version: str) -> None:
+        self.slug = slug
+        self.version = version
+        super().__init__(
+            f"app {slug!r} already has version {version!r}; versions are immutable, "
+            "so change `version` in agentserve.app.yaml (or remove it to get the next number)"
+        )

@@ -1,0 +1,96 @@
+"""Shared fixtures: real toolchain, real SQLite files, app folders written to tmp_path."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from runnerd.store import Store
+from runnerd.toolchain import Toolchain, find_node
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "deal-desk"
+
+
+@pytest.fixture(scope="session")
+def toolchain_dir() -> Path:
+    """One toolchain for the whole run (installed by scripts/setup, or here if missing)."""
+    return Path(os.environ.get("RUNNERD_TOOLCHAIN_DIR", REPO / ".cache" / "toolchain"))
+
+
+@pytest.fixture(scope="session")
+def toolchain(toolchain_dir: Path) -> Toolchain:
+    chain = Toolchain(toolchain_dir, find_node())
+    chain.install()
+    return chain
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    db = Store.in_data_dir(tmp_path / "data")
+    yield db
+    db.close()
+
+
+TOOL_YAML = """\
+name: {name}
+description: Adds one to n.
+input:
+  type: object
+  required: [n]
+  properties:
+    n: {{ type: number }}
+output:
+  type: object
+  properties:
+    n: {{ type: number }}
+"""
+
+PY_SOURCE = "def run(input):\n    return {'n': input['n'] + 1}\n"
+TS_SOURCE = (
+    "export function run(input: { n: number }): { n: number } {\n  return { n: input.n + 1 }\n}\n"
+)
+
+
+class AppDir:
+    """An app folder under construction: ``write`` files, then check it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def write(self, rel: str, text: str | bytes) -> Path:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(text, bytes):
+            path.write_bytes(text)
+        else:
+            path.write_text(textwrap.dedent(text) if text.startswith("\n") else text)
+        return path
+
+    def tool(
+        self, name: str, ext: str = ".py", *, yaml: str | None = None, source: str | None = None
+    ) -> None:
+        self.write(
+            f"tools/{name}.tool.yaml", yaml if yaml is not None else TOOL_YAML.format(name=name)
+        )
+        default = PY_SOURCE if ext == ".py" else TS_SOURCE
+        self.write(f"tools/{name}{ext}", source if source is not None else default)
+
+
+@pytest.fixture
+def make_app(tmp_path: Path) -> Callable[..., AppDir]:
+    """A factory of app folders with a manifest (slug ``demo``) and no tools yet."""
+    count = 0
+
+    def make(manifest: str = "slug: demo\nname: Demo\ntools: ./tools/*\n") -> AppDir:
+        nonlocal count
+        count += 1
+        app = AppDir(tmp_path / f"app{count}")
+        app.write("agentserve.app.yaml", manifest)
+        return app
+
+    return make

@@ -1,0 +1,81 @@
+"""`runnerd` as users run it: the installed console script, human output and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from conftest import EXAMPLE, AppDir
+
+from runnerd.toolchain import Toolchain
+
+# The console script installed beside the Python running the tests.
+RUNNERD = str(Path(sys.executable).with_name("runnerd"))
+
+
+def runnerd(
+    *args: str, toolchain: Toolchain, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RUNNERD_TOOLCHAIN_DIR": str(toolchain.directory)}
+    return subprocess.run(
+        [RUNNERD, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
+    )
+
+
+def test_validate_example_prints_a_summary_of_the_tools(
+    toolchain: Toolchain, tmp_path: Path
+) -> None:
+    proc = runnerd(
+        "app", "validate", str(EXAMPLE), "--data-dir", str(tmp_path), toolchain=toolchain
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "deal-desk (Deal Desk): 2 tools, all checks passed"
+    assert lines[1].split() == ["route_ticket", "python", "read", "30000", "ms"]
+    assert lines[2].split() == ["score_offer", "typescript", "read", "10000", "ms"]
+
+
+def test_validate_defaults_to_the_current_folder(toolchain: Toolchain, tmp_path: Path) -> None:
+    proc = runnerd(
+        "app", "validate", "--json", "--data-dir", str(tmp_path), toolchain=toolchain, cwd=EXAMPLE
+    )
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout)["app"]["slug"] == "deal-desk"
+
+
+def test_validate_prints_every_problem_as_file_line_and_exits_1(
+    make_app: Callable[..., AppDir], toolchain: Toolchain
+) -> None:
+    app = make_app()
+    app.write(
+        "tools/a.tool.yaml",
+        "name: a\ndescription: x\ntimeoutMs: 5\ninput: {type: object}\noutput: {type: object}\n",
+    )
+    app.write("tools/a.py", "def run(input:\n")
+    proc = runnerd("app", "validate", str(app.root), toolchain=toolchain)
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines() == [
+        f"{app.root}/tools/a.py:1: Python syntax error: '(' was never closed",
+        f"{app.root}/tools/a.tool.yaml:3: timeoutMs: time limit for one run in milliseconds, "
+        "including starting the sandbox: an integer from 1000 to 300000 (default 30000); got 5",
+        "",
+        "2 problems; the app would be refused.",
+    ]
+
+
+def test_validate_a_missing_folder_is_a_usage_error(toolchain: Toolchain) -> None:
+    proc = runnerd("app", "validate", "/nonexistent/app", toolchain=toolchain)
+    assert proc.returncode == 2
+    assert "not a folder" in proc.stderr
+
+
+def test_bad_config_file_is_named(toolchain: Toolchain, tmp_path: Path) -> None:
+    config = tmp_path / "runnerd.toml"
+    config.write_text("prot = 1\n")
+    proc = runnerd("app", "validate", str(EXAMPLE), "--config", str(config), toolchain=toolchain)
+    assert proc.returncode == 2
+    assert f"{config}: unknown setting(s) prot" in proc.stderr

@@ -1,0 +1,32 @@
+"""Settings: defaults < config file < RUNNERD_* env < flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runnerd.config import ConfigError, load_settings
+
+
+def test_layers_override_in_order(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('port = 9000\nhost = "0.0.0.0"\ndata_dir = "/srv/a"\n')
+    assert load_settings(env={}).port == 8686
+    assert load_settings(config_file=config, env={}).port == 9000
+    s = load_settings(
+        config_file=config, env={"RUNNERD_PORT": "9100"}, flags={"data_dir": Path("/srv/b")}
+    )
+    assert (s.port, s.host, s.data_dir) == (9100, "0.0.0.0", Path("/srv/b"))
+    assert s.toolchain_path == Path("/srv/b/toolchain")
+
+
+def test_config_file_from_env_and_bad_values_are_named(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("port = 9000\n")
+    assert load_settings(env={"RUNNERD_CONFIG": str(config)}).port == 9000
+    with pytest.raises(ConfigError, match="port"):
+        load_settings(env={"RUNNERD_PORT": "eighty"})
+    config.write_text("port = \n")
+    with pytest.raises(ConfigError, match=str(config)):
+        load_settings(config_file=config, env={})
