@@ -18,7 +18,8 @@ from runnerd import __version__
 from runnerd.bundle import Bundle, load_bundle, read_app_dir
 from runnerd.config import ConfigError, Settings, load_settings
 from runnerd.errors import BundleRejected, Problem
-from runnerd.toolchain import Toolchain, ToolchainError, find_node
+from runnerd.runtimes import find_node
+from runnerd.toolchain import Toolchain, ToolchainError
 
 __all__ = ["main"]
 

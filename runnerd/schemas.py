@@ -20,6 +20,8 @@ from typing import Any
 import fastjsonschema
 import msgspec
 
+from runnerd.resources import resource_dir
+
 __all__ = [
     "FieldError",
     "SchemaError",
@@ -46,11 +48,7 @@ class FieldError(msgspec.Struct, frozen=True):
 
 def schemas_dir() -> Path:
     """Where the published schemas live: inside the installed package, else the source tree."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "schemas", here.parent / "schemas"):
-        if (candidate / "agentserve.tool.schema.json").is_file():
-            return candidate
-    raise FileNotFoundError("runnerd's published schemas are missing from the installation")
+    return resource_dir("schemas")
 
 
 @functools.cache

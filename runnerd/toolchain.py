@@ -10,66 +10,24 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
-import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runnerd.constants import MIN_NODE_MAJOR, TOOLCHAIN_PACKAGES
 from runnerd.errors import RunnerdError
+from runnerd.runtimes import CLEAN_PATH, NodeRuntime, clean_env
 
-__all__ = ["NodeRuntime", "Toolchain", "ToolchainError", "find_node"]
+__all__ = ["Toolchain", "ToolchainError"]
 
 _CHECK_SCRIPT = Path(__file__).resolve().parent / "js" / "check.mjs"
 _STAMP = "runnerd-toolchain.json"
-# Nothing of the daemon's environment reaches Node: NODE_OPTIONS or NODE_EXTRA_CA_CERTS
-# there would change behaviour and cost ~30 ms a start.
-_CLEAN_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 class ToolchainError(RunnerdError):
     """Node or the toolchain is missing or broken; the message says how to fix it."""
-
-
-@dataclass(frozen=True)
-class NodeRuntime:
-    path: str
-    version: str  # such as "20.20.2"
-
-    @property
-    def major(self) -> int:
-        return int(self.version.split(".", 1)[0])
-
-
-def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {"PATH": _CLEAN_PATH, "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8"}
-    env.update(extra or {})
-    return env
-
-
-def find_node(configured: str | None = None) -> NodeRuntime | None:
-    """The Node runtime to use: ``configured`` (a path or a name on PATH), else ``node``.
-
-    Returns None when there is none, or it is older than Node 20.
-    """
-    found = shutil.which(configured or "node")
-    if found is None:
-        return None
-    try:
-        out = subprocess.run(
-            [found, "--version"], capture_output=True, text=True, timeout=10, env=_clean_env()
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    match = re.fullmatch(r"v(\d+\.\d+\.\d+)", out)
-    if match is None:
-        return None
-    runtime = NodeRuntime(path=found, version=match.group(1))
-    return runtime if runtime.major >= MIN_NODE_MAJOR else None
 
 
 class Toolchain:
@@ -132,7 +90,7 @@ class Toolchain:
                     capture_output=True,
                     text=True,
                     timeout=600,
-                    env=_clean_env({"PATH": f"{Path(self.node.path).parent}:{_CLEAN_PATH}"}),
+                    env=clean_env({"PATH": f"{Path(self.node.path).parent}:{CLEAN_PATH}"}),
                 )
                 if proc.returncode != 0:
                     raise ToolchainError(f"npm could not install the toolchain:\n{proc.stderr}")
@@ -157,7 +115,7 @@ class Toolchain:
             capture_output=True,
             text=True,
             timeout=120,
-            env=_clean_env(),
+            env=clean_env(),
         )
         if proc.returncode != 0:
             raise ToolchainError(f"the JavaScript checker failed:\n{proc.stderr[-2000:]}")

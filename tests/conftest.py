@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from runnerd.store import Store
-from runnerd.toolchain import Toolchain, find_node
+from runnerd.runtimes import find_node
+from runnerd.toolchain import Toolchain
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "deal-desk"
