@@ -7,6 +7,9 @@ Exit codes: 0 success, 1 the thing checked or asked for was refused (problems pr
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +20,13 @@ import msgspec
 from runnerd import __version__
 from runnerd.bundle import Bundle, load_bundle, read_app_dir
 from runnerd.config import ConfigError, Settings, load_settings
+from runnerd.constants import MANIFEST_NAME, SOURCE_LANGUAGES, TOOL_SUFFIX
+from runnerd.engine import Engine, build_engine
+from runnerd.envs import EnvBuildFailed
 from runnerd.errors import BundleRejected, Problem
+from runnerd.runs import InputRejected
+from runnerd.sandbox import SandboxUnavailable
+from runnerd.store import Store
 from runnerd.runtimes import find_node
 from runnerd.toolchain import Toolchain, ToolchainError
 
@@ -113,6 +122,152 @@ def _at(root: Path, problem: Problem) -> str:
     return f"{path}:{problem.line}" if problem.line else str(path)
 
 
+# --- tool test ------------------------------------------------------------------------------
+
+
+def _local_tool_files(path: Path) -> tuple[Path, dict[str, bytes]]:
+    """The one-tool bundle of ``path`` (a <name>.tool.yaml or its source file)."""
+    name = path.name
+    if name.endswith(TOOL_SUFFIX):
+        stem = name[: -len(TOOL_SUFFIX)]
+    else:
+        stem = path.stem
+    folder = path.parent
+    files = {
+        MANIFEST_NAME: f"slug: local\nname: local\ntools: {stem}{TOOL_SUFFIX}\n".encode(),
+    }
+    for candidate in [f"{stem}{TOOL_SUFFIX}", *(stem + ext for ext in SOURCE_LANGUAGES)]:
+        if (folder / candidate).is_file():
+            files[candidate] = (folder / candidate).read_bytes()
+    return folder, files
+
+
+def _read_input(text: str) -> Any:
+    if text == "-":
+        text = sys.stdin.read()
+    elif text.startswith("@"):
+        text = Path(text[1:]).read_text()
+    return json.loads(text)
+
+
+def _secrets(pairs: list[str]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:  # --secret NAME: the value comes from this process's environment
+            if name not in os.environ:
+                raise ValueError(f"--secret {name}: no environment variable {name} to read")
+            value = os.environ[name]
+        found[name] = value
+    return found
+
+
+def cmd_tool_test(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    path = Path(args.path)
+    if not path.is_file():
+        print(f"runnerd: {path}: no such tool file", file=sys.stderr)
+        return 2
+    try:
+        value = _read_input(args.input)
+        secrets = _secrets(args.secret or [])
+    except (ValueError, OSError) as exc:
+        print(f"runnerd: --input/--secret: {exc}", file=sys.stderr)
+        return 2
+    engine = build_engine(settings)
+    folder, files = _local_tool_files(path)
+    try:
+        bundle = load_bundle(files, toolchain=engine.toolchain)
+        [tool] = bundle.tools
+        if tool.packages:
+            engine.envs.ensure_sync(tool.language, tool.packages)
+        result = asyncio.run(engine.runner.run(tool, value, secrets=secrets))
+    except BundleRejected as exc:
+        for problem in exc.problems:
+            if problem.file != MANIFEST_NAME:
+                print(f"{_at(folder, problem)}: {problem.message}", file=sys.stderr)
+        return 1
+    except InputRejected as exc:
+        if args.json:
+            _print_json({"error": {"code": exc.code, "message": str(exc),
+                                   "pointer": exc.pointer}})
+        else:
+            print(f"refused ({exc.code}): {exc}", file=sys.stderr)
+        return 1
+    except (EnvBuildFailed, SandboxUnavailable) as exc:
+        print(f"runnerd: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json({"status": result.status, "output": result.output, "error": result.error,
+                     "durationMs": result.duration_ms, "logs": result.logs,
+                     "logsTruncated": result.logs_truncated})
+    else:
+        print(f"{result.status} in {result.duration_ms} ms")
+        if result.output is not None:
+            print(json.dumps(result.output, indent=2, ensure_ascii=False))
+        if result.error:
+            print(f"error: {result.error}")
+        if result.logs:
+            print("--- logs" + (" (truncated)" if result.logs_truncated else ""))
+            print(result.logs.rstrip("\n"))
+    return 0 if result.status == "succeeded" else 1
+
+
+# --- envs -----------------------------------------------------------------------------------
+
+
+def cmd_envs_list(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    engine = build_engine(settings)
+    store = Store.in_data_dir(settings.data_dir)
+    users = _env_users(engine, store)
+    rows = [
+        {"key": e.key, "ecosystem": e.ecosystem, "runtime": e.runtime,
+         "packages": list(e.packages), "sizeBytes": e.size_bytes, "builtAt": e.built_at,
+         "usedBy": users.get(e.key, [])}
+        for e in engine.envs.list()
+    ]
+    if args.json:
+        _print_json(rows)
+        return 0
+    if not rows:
+        print("no package environments")
+    for row in rows:
+        used = ", ".join(row["usedBy"]) or "unused"
+        print(f"{row['key']}  {row['sizeBytes'] / 1e6:7.1f} MB  {' '.join(row['packages'])}")
+        print(f"    used by: {used}")
+    return 0
+
+
+def _env_users(engine: Engine, store: Store) -> dict[str, list[str]]:
+    users: dict[str, list[str]] = {}
+    for version, tool in store.tools_with_packages():
+        try:
+            key = engine.envs.key(tool.language, tool.packages)
+        except EnvBuildFailed:
+            continue
+        users.setdefault(key, []).append(f"{version.app_slug}@{version.version}/{tool.name}")
+    return users
+
+
+def cmd_envs_prune(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    engine = build_engine(settings)
+    users = _env_users(engine, Store.in_data_dir(settings.data_dir))
+    removed = []
+    for env in engine.envs.list():
+        if env.key not in users:
+            engine.envs.remove(env.key)
+            removed.append(env.key)
+    if args.json:
+        _print_json({"removed": removed})
+    else:
+        print(f"removed {len(removed)} unused environment{'s' if len(removed) != 1 else ''}")
+        for key in removed:
+            print(f"  {key}")
+    return 0
+
+
 # --- toolchain ------------------------------------------------------------------------------
 
 
@@ -169,6 +324,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("dir", nargs="?", default=".", help="the app folder (default .)")
     validate.set_defaults(func=cmd_app_validate)
+
+    tool = groups.add_parser("tool", help="run one tool locally").add_subparsers(
+        dest="command", required=True, metavar="COMMAND")
+    test = tool.add_parser("test", parents=[common], help="run one tool from a local folder "
+                           "in the real sandbox, with the server's checks, no daemon")
+    test.add_argument("path", help="the tool's <name>.tool.yaml (or its source file)")
+    test.add_argument("--input", required=True,
+                      help="the input: JSON text, @FILE, or - for stdin")
+    test.add_argument("--secret", action="append", metavar="NAME[=VALUE]",
+                      help="a secret for the run; NAME alone reads the value from the "
+                      "environment variable NAME (keeps it off the command line)")
+    test.set_defaults(func=cmd_tool_test)
+
+    envs = groups.add_parser("envs", help="package environments").add_subparsers(
+        dest="command", required=True, metavar="COMMAND")
+    envs.add_parser("list", parents=[common], help="environments, their size and users"
+                    ).set_defaults(func=cmd_envs_list)
+    envs.add_parser("prune", parents=[common], help="remove environments no version uses"
+                    ).set_defaults(func=cmd_envs_prune)
 
     tc = groups.add_parser("toolchain", help="the JS/TS toolchain used at upload").add_subparsers(
         dest="command", required=True, metavar="COMMAND"

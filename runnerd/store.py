@@ -293,6 +293,16 @@ class Store:
         rows = self.db.query("SELECT * FROM tools WHERE version_id = ? ORDER BY name", [version_id])
         return [_tool_record(r) for r in rows]
 
+    def tools_with_packages(self) -> list[tuple[VersionRecord, ToolRecord]]:
+        """Every stored tool that lists packages, with its version (for env bookkeeping)."""
+        rows = self.db.query("SELECT * FROM tools WHERE packages != '[]' ORDER BY version_id")
+        found = []
+        for row in rows:
+            version = self.get_version(row["version_id"])
+            assert version is not None
+            found.append((version, _tool_record(row)))
+        return found
+
     def get_tool(self, version_id: str, name: str) -> ToolRecord | None:
         rows = list(
             self.db.query(

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from runnerd.store import Store
 from runnerd.runtimes import find_node
+from runnerd.store import Store
 from runnerd.toolchain import Toolchain
 
 REPO = Path(__file__).resolve().parent.parent
@@ -95,3 +96,66 @@ def make_app(tmp_path: Path) -> Callable[..., AppDir]:
         return app
 
     return make
+
+
+# --- the run machinery: one engine per test session, real nsjail ------------------------------
+
+import asyncio  # noqa: E402
+import json  # noqa: E402
+from typing import Any  # noqa: E402
+
+from runnerd.bundle import Tool, load_bundle  # noqa: E402
+from runnerd.config import load_settings  # noqa: E402
+from runnerd.engine import Engine, build_engine  # noqa: E402
+from runnerd.runs import RunResult  # noqa: E402
+
+OPEN_SCHEMA: dict[str, Any] = {"type": "object"}
+
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory: pytest.TempPathFactory, toolchain_dir: Path) -> Engine:
+    # Not under pytest's 0700 tmp folder: jails' uids must be able to enter the data dir.
+    data = Path(tempfile.mkdtemp(prefix="runnerd-test-", dir="/tmp"))
+    data.chmod(0o711)
+    settings = load_settings(
+        env={}, flags={"data_dir": data, "toolchain_dir": toolchain_dir,
+                       "sandbox_uid_base": 610_000, "sandbox_uid_count": 64}
+    )
+    return build_engine(settings)
+
+
+def make_tool(
+    engine: Engine,
+    source: str,
+    *,
+    ext: str = ".py",
+    name: str = "t",
+    input_schema: dict[str, Any] | None = None,
+    output_schema: dict[str, Any] | None = None,
+    timeout_ms: int = 10_000,
+    packages: tuple[str, ...] = (),
+    effect: str = "read",
+) -> Tool:
+    """A tool checked exactly as an upload checks it, from in-memory files."""
+    doc = {
+        "name": name,
+        "description": "a test tool",
+        "effect": effect,
+        "timeoutMs": timeout_ms,
+        "input": input_schema or OPEN_SCHEMA,
+        "output": output_schema or OPEN_SCHEMA,
+        "packages": list(packages),
+    }
+    files = {
+        "agentserve.app.yaml": b"slug: test\nname: Test\ntools: ./*\n",
+        f"{name}.tool.yaml": json.dumps(doc).encode(),
+        f"{name}{ext}": source.encode(),
+    }
+    [tool] = load_bundle(files, toolchain=engine.toolchain).tools
+    if packages:
+        engine.envs.ensure_sync(tool.language, tool.packages)
+    return tool
+
+
+def run_tool(engine: Engine, tool: Tool, value: Any = None, **kw: Any) -> RunResult:
+    return asyncio.run(engine.runner.run(tool, {} if value is None else value, **kw))

@@ -1,0 +1,301 @@
+"""Runs through the real jail: every status, every check around the sandbox, every
+language and module kind, packages, and the secret rules."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import urllib.parse
+from typing import Any
+
+import pytest
+
+from conftest import make_tool, run_tool
+from runnerd.engine import Engine
+from runnerd.runs import InputRejected
+
+OBJ = {"type": "object"}
+ADD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["n"],
+    "properties": {"n": {"type": "number"}, "tags": {"type": "array",
+                                                      "items": {"type": "string"}}},
+}
+
+
+# --- languages and module kinds -------------------------------------------------------------
+
+KINDS = [
+    (".py", "def run(input):\n    return {'n': input['n'] + 1}\n"),
+    (".py", "import asyncio\nasync def run(input):\n    await asyncio.sleep(0)\n"
+            "    return {'n': input['n'] + 1}\n"),
+    (".ts", "interface In { n: number }\nexport function run(i: In): { n: number } {\n"
+            "  return { n: i.n + 1 }\n}\n"),
+    (".mts", "export default async (i: { n: number }) => ({ n: i.n + 1 })\n"),
+    (".mjs", "export default function (input) { return { n: input.n + 1 } }\n"),
+    (".js", "module.exports = { run: (input) => ({ n: input.n + 1 }) }\n"),
+    (".js", "module.exports = async function (input) { return { n: input.n + 1 } }\n"),
+    (".js", "export async function run(input) { return { n: input.n + 1 } }\n"),
+]
+
+
+@pytest.mark.parametrize(("ext", "source"), KINDS)
+def test_every_language_and_module_kind_succeeds(engine: Engine, ext: str, source: str) -> None:
+    tool = make_tool(engine, source, ext=ext, input_schema=ADD_SCHEMA)
+    result = run_tool(engine, tool, {"n": 41})
+    assert (result.status, result.output, result.error) == ("succeeded", {"n": 42}, None)
+    assert result.duration_ms > 0
+
+
+def test_pinned_pypi_package(engine: Engine) -> None:
+    source = "import attrs\n\ndef run(input):\n    return {'v': attrs.__version__}\n"
+    tool = make_tool(engine, source, packages=("attrs==24.2.0",))
+    assert run_tool(engine, tool).output == {"v": "24.2.0"}
+
+
+def test_pinned_npm_package(engine: Engine) -> None:
+    source = (
+        "import { z } from 'zod'\n"
+        "const Offer = z.object({ n: z.number().int() })\n"
+        "export function run(input: unknown) {\n"
+        "  const r = Offer.safeParse(input)\n"
+        "  return { ok: r.success }\n}\n"
+    )
+    tool = make_tool(engine, source, ext=".ts", packages=("zod@3.25.76",))
+    assert run_tool(engine, tool, {"n": 1}).output == {"ok": True}
+    assert run_tool(engine, tool, {"n": 1.5}).output == {"ok": False}
+
+
+def test_tools_with_the_same_packages_share_one_env(engine: Engine) -> None:
+    one = make_tool(engine, "import attrs\ndef run(i):\n    return {}\n", name="one",
+                    packages=("attrs==24.2.0",))
+    two = make_tool(engine, "def run(i):\n    return {}\n", name="two",
+                    packages=("attrs==24.2.0",))
+    assert engine.envs.key(one.language, one.packages) == engine.envs.key(two.language,
+                                                                          two.packages)
+    keys = [e.key for e in engine.envs.list() if "attrs==24.2.0" in e.packages]
+    assert len(keys) == 1
+
+
+# --- refusals before the sandbox --------------------------------------------------------------
+
+
+def test_invalid_input_is_refused_with_the_json_pointer(engine: Engine) -> None:
+    tool = make_tool(engine, "def run(i):\n    return i\n", input_schema=ADD_SCHEMA)
+    with pytest.raises(InputRejected) as caught:
+        run_tool(engine, tool, {"n": 1, "tags": ["a", 2]})
+    assert (caught.value.code, caught.value.pointer) == ("INVALID_INPUT", "/tags/1")
+    with pytest.raises(InputRejected) as missing:
+        run_tool(engine, tool, {"tags": []})
+    assert (missing.value.pointer, str(missing.value)) == ("/n", "input /n is required")
+
+
+def test_input_over_256_kb_is_refused(engine: Engine) -> None:
+    tool = make_tool(engine, "def run(i):\n    return {}\n")
+    with pytest.raises(InputRejected) as caught:
+        run_tool(engine, tool, {"s": "x" * (256 * 1024)})
+    assert caught.value.code == "INPUT_TOO_LARGE"
+    assert run_tool(engine, tool, {"s": "x" * (256 * 1024 - 20)}).status == "succeeded"
+
+
+# --- failures after the start -----------------------------------------------------------------
+
+
+def test_thrown_exception_is_failed_with_type_message_and_tool_lines(engine: Engine) -> None:
+    source = "def helper(x):\n    raise ValueError(f'bad tier {x}')\n\ndef run(i):\n" \
+             "    return helper(i['tier'])\n"
+    result = run_tool(engine, make_tool(engine, source), {"tier": "gold"})
+    assert result.status == "failed" and result.output is None
+    assert result.error is not None
+    lines = result.error.splitlines()
+    assert lines[0] == "ValueError: bad tier gold"
+    assert lines[1:] == ["  at run (t.py:5): return helper(i['tier'])",
+                         "  at helper (t.py:2): raise ValueError(f'bad tier {x}')"]
+
+
+def test_typescript_error_stack_names_the_ts_lines(engine: Engine) -> None:
+    source = "type T = { a: number }\n\nexport function run(i: T): T {\n" \
+             "  throw new RangeError('too big: ' + i.a)\n}\n"
+    result = run_tool(engine, make_tool(engine, source, ext=".ts"), {"a": 7})
+    assert result.status == "failed"
+    assert result.error is not None
+    assert result.error.startswith("RangeError: too big: 7\n")
+    assert "t.ts:4:" in result.error
+
+
+def test_javascript_rejected_promise_is_failed(engine: Engine) -> None:
+    source = "export async function run() { throw new TypeError('nope') }\n"
+    result = run_tool(engine, make_tool(engine, source, ext=".mjs"))
+    assert (result.status, result.error is not None) == ("failed", True)
+    assert result.error is not None and result.error.startswith("TypeError: nope")
+
+
+@pytest.mark.parametrize(
+    ("ext", "source", "why"),
+    [
+        (".py", "def run(i):\n    return {'s': {1, 2}}\n", "output is not JSON"),
+        (".py", "def run(i):\n    return {'x': float('nan')}\n", "output is not JSON"),
+        (".mjs", "export const run = () => ({ n: 10n })\n", "output is not JSON"),
+        (".py", "def run(i):\n    return {'n': 'seven'}\n",
+         "output does not match the output schema: /n must be number"),
+        (".py", "def run(i):\n    return {}\n",
+         "output does not match the output schema: /n is required"),
+        (".py", "def run(i):\n    return None\n", "output does not match the output schema"),
+        (".py", "def run(i):\n    return {'n': 1, 'pad': 'x' * (1024 * 1024)}\n",
+         "output is larger than 1 MB"),
+    ],
+)
+def test_bad_output_is_failed_saying_which_rule(
+    engine: Engine, ext: str, source: str, why: str
+) -> None:
+    out = {"type": "object", "required": ["n"], "properties": {"n": {"type": "number"}}}
+    result = run_tool(engine, make_tool(engine, source, ext=ext, output_schema=out))
+    assert result.status == "failed" and result.output is None
+    assert result.error is not None and result.error.startswith(why), result.error
+
+
+def test_timeout_counts_from_the_sandbox_start(engine: Engine) -> None:
+    tool = make_tool(engine, "def run(i):\n    while True:\n        pass\n", timeout_ms=1000)
+    result = run_tool(engine, tool)
+    assert result.status == "timed_out" and result.output is None
+    assert 1000 <= result.duration_ms < 2500
+    assert result.error is not None and "1000 ms" in result.error
+
+
+def test_tool_that_exits_without_a_result_is_failed(engine: Engine) -> None:
+    tool = make_tool(engine, "import os\ndef run(i):\n    os._exit(3)\n")
+    result = run_tool(engine, tool)
+    assert result.status == "failed"
+    assert result.error == "the tool exited with code 3 without returning a result"
+
+
+def test_prints_are_logs_not_results(engine: Engine) -> None:
+    source = "import sys\ndef run(i):\n    print('{\"ok\": true, \"output\": 1}')\n" \
+             "    print('to stderr', file=sys.stderr)\n    return {'n': 1}\n"
+    result = run_tool(engine, make_tool(engine, source))
+    assert result.output == {"n": 1}
+    assert result.logs == '{"ok": true, "output": 1}\nto stderr\n'
+    js = "export function run() { console.log('hello'); console.error('oops'); return {} }\n"
+    result = run_tool(engine, make_tool(engine, js, ext=".mjs"))
+    assert (result.output, result.logs) == ({}, "hello\noops\n")
+
+
+def test_logs_are_capped_at_64_kb(engine: Engine) -> None:
+    source = "def run(i):\n    for _ in range(20000):\n        print('x' * 99)\n    return {}\n"
+    result = run_tool(engine, make_tool(engine, source))
+    assert result.status == "succeeded"
+    assert len(result.logs) == 64 * 1024 and result.logs_truncated
+
+
+def test_each_run_starts_from_a_fresh_sandbox(engine: Engine) -> None:
+    source = (
+        "import os\nSTATE = []\ndef run(i):\n"
+        "    seen = os.path.exists('/tmp/mark')\n"
+        "    open('/tmp/mark', 'w').write('1')\n"
+        "    STATE.append(1)\n"
+        "    return {'seen': seen, 'state': len(STATE)}\n"
+    )
+    tool = make_tool(engine, source)
+    assert [run_tool(engine, tool).output for _ in range(2)] == [
+        {"seen": False, "state": 1}, {"seen": False, "state": 1}]
+
+
+# --- secrets ----------------------------------------------------------------------------------
+
+SECRET = "sk_live_51HqA9zSECRETvalue"
+
+
+def test_secret_reaches_the_tool_as_an_env_variable(engine: Engine) -> None:
+    py = "import os\ndef run(i):\n    return {'len': len(os.environ['STRIPE_KEY'])}\n"
+    js = "export const run = () => ({ len: process.env.STRIPE_KEY.length })\n"
+    for source, ext in ((py, ".py"), (js, ".mjs")):
+        result = run_tool(engine, make_tool(engine, source, ext=ext),
+                          secrets={"STRIPE_KEY": SECRET})
+        assert result.output == {"len": len(SECRET)}
+
+
+def test_jail_environment_is_built_explicitly(engine: Engine) -> None:
+    source = "import os\ndef run(i):\n    return dict(os.environ)\n"
+    result = run_tool(engine, make_tool(engine, source), secrets={"API_KEY": "abcd1234"})
+    # The secret is in the env; the output then carries it, so it is withheld.
+    assert result.status == "failed" and "API_KEY" in (result.error or "")
+    env = run_tool(engine, make_tool(engine, source)).output
+    assert env == {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "value",
+        "base64.b64encode(value.encode()).decode()",
+        "base64.b64encode(b'xx' + value.encode()).decode()",
+        "base64.urlsafe_b64encode(value.encode()).decode()",
+        "urllib.parse.quote(value)",
+        "json.dumps({'k': value})",
+        "value.splitlines()[1]",
+    ],
+)
+def test_secret_in_error_or_logs_is_scrubbed(engine: Engine, spelling: str) -> None:
+    source = (
+        "import base64, json, os, urllib.parse\n"
+        "def run(i):\n"
+        "    value = os.environ['TOKEN']\n"
+        f"    shown = {spelling}\n"
+        "    print('log:', shown)\n"
+        "    raise RuntimeError('failed with ' + shown)\n"
+    )
+    multi = SECRET + "\nsecond-line-of-the-key\nthird"
+    result = run_tool(engine, make_tool(engine, source), secrets={"TOKEN": multi})
+    assert result.status == "failed"
+    for text in (result.error or "", result.logs):
+        assert "[secret]" in text
+        assert SECRET not in text and "second-line-of-the-key" not in text
+        assert base64.b64encode(multi.encode()).decode()[:20] not in text
+        assert urllib.parse.quote(multi)[:20] not in text
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["value", "base64.b64encode(value.encode()).decode()", "urllib.parse.quote(value)",
+     "'prefix-' + value[:]", "json.dumps(value)"],
+)
+def test_output_with_secret_is_withheld(engine: Engine, spelling: str) -> None:
+    source = (
+        "import base64, json, os, urllib.parse\n"
+        "def run(i):\n"
+        "    value = os.environ['TOKEN']\n"
+        f"    return {{'leak': {spelling}}}\n"
+    )
+    result = run_tool(engine, make_tool(engine, source), secrets={"TOKEN": SECRET})
+    assert result.status == "failed" and result.output is None
+    assert result.error == "output withheld: it contains the value of the secret TOKEN"
+
+
+def test_secrets_never_reach_argv_or_disk(engine: Engine, tmp_path: Any) -> None:
+    marker = "zq-marker-7Hf2KkP0"
+    tool = make_tool(engine, "import time\ndef run(i):\n    time.sleep(0.5)\n    return {}\n")
+
+    async def observe() -> list[str]:
+        task = asyncio.ensure_future(engine.runner.run(tool, {"m": marker},
+                                                       secrets={"S": marker + "-secret"}))
+        await asyncio.sleep(0.25)
+        seen = []
+        from pathlib import Path
+
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                seen.append(cmdline.read_bytes().decode("utf-8", "replace"))
+            except OSError:
+                continue
+        await task
+        return seen
+
+    cmdlines = asyncio.run(observe())
+    assert any("nsjail" in c for c in cmdlines)
+    assert not any(marker in c for c in cmdlines)
+    data_dir = engine.settings.data_dir
+    for path in data_dir.rglob("*"):
+        if path.is_file():
+            assert marker.encode() not in path.read_bytes(), path
+    json.dumps(cmdlines)  # readable
