@@ -63,8 +63,12 @@ def _setup_v1(root: Path) -> Cgroups | None:
             return None
         _sweep(parent)
         flag = {"memory": "mem"}.get(controller, controller)
-        args += [f"--cgroup_{flag}_mount", str(root / controller),
-                 f"--cgroup_{flag}_parent", _PARENT]
+        args += [
+            f"--cgroup_{flag}_mount",
+            str(root / controller),
+            f"--cgroup_{flag}_parent",
+            _PARENT,
+        ]
     return Cgroups("v1", tuple(args), has_cpu="cpu" in present)
 
 
@@ -103,8 +107,9 @@ def _setup_v2(root: Path) -> Cgroups | None:
     except OSError:
         return None
     _sweep(jails)
-    return Cgroups("v2", ("--use_cgroupv2", "--cgroupv2_mount", str(jails)),
-                   has_cpu="cpu" in wanted)
+    return Cgroups(
+        "v2", ("--use_cgroupv2", "--cgroupv2_mount", str(jails)), has_cpu="cpu" in wanted
+    )
 
 
 def setup_cgroups(root: Path = Path("/sys/fs/cgroup")) -> Cgroups:

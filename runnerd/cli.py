@@ -25,9 +25,9 @@ from runnerd.engine import Engine, build_engine
 from runnerd.envs import EnvBuildFailed
 from runnerd.errors import BundleRejected, Problem
 from runnerd.runs import InputRejected
+from runnerd.runtimes import find_node
 from runnerd.sandbox import SandboxUnavailable
 from runnerd.store import Store
-from runnerd.runtimes import find_node
 from runnerd.toolchain import Toolchain, ToolchainError
 
 __all__ = ["main"]
@@ -128,10 +128,7 @@ def _at(root: Path, problem: Problem) -> str:
 def _local_tool_files(path: Path) -> tuple[Path, dict[str, bytes]]:
     """The one-tool bundle of ``path`` (a <name>.tool.yaml or its source file)."""
     name = path.name
-    if name.endswith(TOOL_SUFFIX):
-        stem = name[: -len(TOOL_SUFFIX)]
-    else:
-        stem = path.stem
+    stem = name[: -len(TOOL_SUFFIX)] if name.endswith(TOOL_SUFFIX) else path.stem
     folder = path.parent
     files = {
         MANIFEST_NAME: f"slug: local\nname: local\ntools: {stem}{TOOL_SUFFIX}\n".encode(),
@@ -189,8 +186,7 @@ def cmd_tool_test(args: argparse.Namespace) -> int:
         return 1
     except InputRejected as exc:
         if args.json:
-            _print_json({"error": {"code": exc.code, "message": str(exc),
-                                   "pointer": exc.pointer}})
+            _print_json({"error": {"code": exc.code, "message": str(exc), "pointer": exc.pointer}})
         else:
             print(f"refused ({exc.code}): {exc}", file=sys.stderr)
         return 1
@@ -198,9 +194,16 @@ def cmd_tool_test(args: argparse.Namespace) -> int:
         print(f"runnerd: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        _print_json({"status": result.status, "output": result.output, "error": result.error,
-                     "durationMs": result.duration_ms, "logs": result.logs,
-                     "logsTruncated": result.logs_truncated})
+        _print_json(
+            {
+                "status": result.status,
+                "output": result.output,
+                "error": result.error,
+                "durationMs": result.duration_ms,
+                "logs": result.logs,
+                "logsTruncated": result.logs_truncated,
+            }
+        )
     else:
         print(f"{result.status} in {result.duration_ms} ms")
         if result.output is not None:
@@ -221,20 +224,28 @@ def cmd_envs_list(args: argparse.Namespace) -> int:
     engine = build_engine(settings)
     store = Store.in_data_dir(settings.data_dir)
     users = _env_users(engine, store)
-    rows = [
-        {"key": e.key, "ecosystem": e.ecosystem, "runtime": e.runtime,
-         "packages": list(e.packages), "sizeBytes": e.size_bytes, "builtAt": e.built_at,
-         "usedBy": users.get(e.key, [])}
-        for e in engine.envs.list()
-    ]
+    envs = engine.envs.list()
     if args.json:
-        _print_json(rows)
+        _print_json(
+            [
+                {
+                    "key": e.key,
+                    "ecosystem": e.ecosystem,
+                    "runtime": e.runtime,
+                    "packages": list(e.packages),
+                    "sizeBytes": e.size_bytes,
+                    "builtAt": e.built_at,
+                    "usedBy": users.get(e.key, []),
+                }
+                for e in envs
+            ]
+        )
         return 0
-    if not rows:
+    if not envs:
         print("no package environments")
-    for row in rows:
-        used = ", ".join(row["usedBy"]) or "unused"
-        print(f"{row['key']}  {row['sizeBytes'] / 1e6:7.1f} MB  {' '.join(row['packages'])}")
+    for env in envs:
+        used = ", ".join(users.get(env.key, [])) or "unused"
+        print(f"{env.key}  {env.size_bytes / 1e6:7.1f} MB  {' '.join(env.packages)}")
         print(f"    used by: {used}")
     return 0
 
@@ -326,23 +337,34 @@ def _parser() -> argparse.ArgumentParser:
     validate.set_defaults(func=cmd_app_validate)
 
     tool = groups.add_parser("tool", help="run one tool locally").add_subparsers(
-        dest="command", required=True, metavar="COMMAND")
-    test = tool.add_parser("test", parents=[common], help="run one tool from a local folder "
-                           "in the real sandbox, with the server's checks, no daemon")
+        dest="command", required=True, metavar="COMMAND"
+    )
+    test = tool.add_parser(
+        "test",
+        parents=[common],
+        help="run one tool from a local folder "
+        "in the real sandbox, with the server's checks, no daemon",
+    )
     test.add_argument("path", help="the tool's <name>.tool.yaml (or its source file)")
-    test.add_argument("--input", required=True,
-                      help="the input: JSON text, @FILE, or - for stdin")
-    test.add_argument("--secret", action="append", metavar="NAME[=VALUE]",
-                      help="a secret for the run; NAME alone reads the value from the "
-                      "environment variable NAME (keeps it off the command line)")
+    test.add_argument("--input", required=True, help="the input: JSON text, @FILE, or - for stdin")
+    test.add_argument(
+        "--secret",
+        action="append",
+        metavar="NAME[=VALUE]",
+        help="a secret for the run; NAME alone reads the value from the "
+        "environment variable NAME (keeps it off the command line)",
+    )
     test.set_defaults(func=cmd_tool_test)
 
     envs = groups.add_parser("envs", help="package environments").add_subparsers(
-        dest="command", required=True, metavar="COMMAND")
-    envs.add_parser("list", parents=[common], help="environments, their size and users"
-                    ).set_defaults(func=cmd_envs_list)
-    envs.add_parser("prune", parents=[common], help="remove environments no version uses"
-                    ).set_defaults(func=cmd_envs_prune)
+        dest="command", required=True, metavar="COMMAND"
+    )
+    envs.add_parser(
+        "list", parents=[common], help="environments, their size and users"
+    ).set_defaults(func=cmd_envs_list)
+    envs.add_parser(
+        "prune", parents=[common], help="remove environments no version uses"
+    ).set_defaults(func=cmd_envs_prune)
 
     tc = groups.add_parser("toolchain", help="the JS/TS toolchain used at upload").add_subparsers(
         dest="command", required=True, metavar="COMMAND"

@@ -33,8 +33,7 @@ class Engine:
         """What startup should print: runtimes found, cgroup mode, every fallback."""
         rt = self.runtimes
         lines = [
-            f"python: {rt.python.executable} {rt.python.version}" if rt.python
-            else "python: none",
+            f"python: {rt.python.executable} {rt.python.version}" if rt.python else "python: none",
             f"node: {rt.node.path} {rt.node.version}" if rt.node else "node: none",
             f"cgroups: {self.cgroups.mode}",
         ]
@@ -75,5 +74,3 @@ def build_engine(settings: Settings) -> Engine:
     runner = Runner(sandbox=sandbox, code=CodeCache(data / "code"), envs=envs)
     toolchain = Toolchain(settings.toolchain_path, runtimes.node)
     return Engine(settings, runtimes, cgroups, sandbox, envs, runner, toolchain)
-
-

@@ -41,13 +41,31 @@ _META = "env.json"
 BUILD_TIMEOUT_S = 900  # a cold install of 50 packages over a slow link
 BUILD_MEMORY_MB = 2048
 # Network and TLS files an installer needs, where they exist.
-_NET_FILES = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/ssl",
-              "/usr/share/ca-certificates", "/etc/ca-certificates", "/etc/pki")
+_NET_FILES = (
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/ssl",
+    "/usr/share/ca-certificates",
+    "/etc/ca-certificates",
+    "/etc/pki",
+)
 _SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
 # Installer settings passed from the daemon's environment into build jails, and nothing else.
-PASSTHROUGH = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
-               "no_proxy", "UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_EXTRA_INDEX_URL",
-               "UV_INDEX", "npm_config_registry", "NPM_CONFIG_REGISTRY")
+PASSTHROUGH = (
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "UV_INDEX_URL",
+    "UV_DEFAULT_INDEX",
+    "UV_EXTRA_INDEX_URL",
+    "UV_INDEX",
+    "npm_config_registry",
+    "NPM_CONFIG_REGISTRY",
+)
 
 
 class EnvBuildFailed(RunnerdError):
@@ -69,14 +87,22 @@ def _ecosystem(language: str) -> str:
 
 
 class EnvManager:
-    def __init__(self, root: Path, *, sandbox: Sandbox, settings: Settings,
-                 passthrough: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        sandbox: Sandbox,
+        settings: Settings,
+        passthrough: dict[str, str] | None = None,
+    ) -> None:
         self.root = root
         self.sandbox = sandbox
         self.settings = settings
-        self.passthrough = passthrough if passthrough is not None else {
-            k: v for k, v in os.environ.items() if k in PASSTHROUGH
-        }
+        self.passthrough = (
+            passthrough
+            if passthrough is not None
+            else {k: v for k, v in os.environ.items() if k in PASSTHROUGH}
+        )
         self._locks: dict[str, asyncio.Lock] = {}
         root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o711)
@@ -146,14 +172,19 @@ class EnvManager:
         try:
             os.chown(staging, uid, uid)
             argv = self._command(language, packages, uid, staging, cache)
-            proc = subprocess.run(argv, capture_output=True, text=True, env={},
-                                  timeout=BUILD_TIMEOUT_S + 30)
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, env={}, timeout=BUILD_TIMEOUT_S + 30
+            )
             if proc.returncode != 0:
                 message = (proc.stderr or proc.stdout).strip()
                 raise EnvBuildFailed(message[-4000:] or f"installer exit code {proc.returncode}")
-            info = EnvInfo(key=key, ecosystem=_ecosystem(language),
-                           runtime=self.runtime_tag(language), packages=packages,
-                           built_at=utc_now())
+            info = EnvInfo(
+                key=key,
+                ecosystem=_ecosystem(language),
+                runtime=self.runtime_tag(language),
+                packages=packages,
+                built_at=utc_now(),
+            )
             (staging / _META).write_bytes(msgspec.json.encode(info))
             _seal(staging)
             staging.rename(self.root / key)
@@ -163,22 +194,38 @@ class EnvManager:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
 
-    def _command(self, language: str, packages: tuple[str, ...], uid: int, staging: Path,
-                 cache: Path) -> list[str]:
+    def _command(
+        self, language: str, packages: tuple[str, ...], uid: int, staging: Path, cache: Path
+    ) -> list[str]:
         rt = self.sandbox.runtimes
         mounts: list[str] = []
         # Installers trust the system's CA store (uv and npm both bundle their own roots).
         ca = {"SSL_CERT_FILE": _SYSTEM_CA, "NODE_EXTRA_CA_CERTS": _SYSTEM_CA}
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
-               **(ca if os.path.isfile(_SYSTEM_CA) else {}), **self.passthrough}
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/tmp",
+            "LANG": "C.UTF-8",
+            **(ca if os.path.isfile(_SYSTEM_CA) else {}),
+            **self.passthrough,
+        }
         if language == "python":
             assert rt.python is not None
             mounts += rt.python.mounts
             uv = self._uv_binary()
             mounts.append(f"{uv}:/opt/runnerd/uv")
-            inner = ["/opt/runnerd/uv", "pip", "install", "--target", "/out/site",
-                     "--python", rt.python.executable, "--cache-dir", "/cache/uv",
-                     "--no-config", "--quiet"]
+            inner = [
+                "/opt/runnerd/uv",
+                "pip",
+                "install",
+                "--target",
+                "/out/site",
+                "--python",
+                rt.python.executable,
+                "--cache-dir",
+                "/cache/uv",
+                "--no-config",
+                "--quiet",
+            ]
             if not self.settings.pypi_source_builds:
                 inner += ["--only-binary", ":all:"]
             inner += list(packages)
@@ -189,9 +236,21 @@ class EnvManager:
             npm_root = npm_cli.parent.parent
             if not any(str(npm_root).startswith(m.rstrip("/") + "/") for m in mounts):
                 mounts.append(str(npm_root))
-            inner = [rt.node.path, str(npm_cli), "install", "--prefix", "/out",
-                     "--no-audit", "--no-fund", "--no-package-lock", "--cache", "/cache/npm",
-                     "--loglevel=error", "--userconfig", "/dev/null"]
+            inner = [
+                rt.node.path,
+                str(npm_cli),
+                "install",
+                "--prefix",
+                "/out",
+                "--no-audit",
+                "--no-fund",
+                "--no-package-lock",
+                "--cache",
+                "/cache/npm",
+                "--loglevel=error",
+                "--userconfig",
+                "/dev/null",
+            ]
             if not self.settings.npm_install_scripts:
                 inner.append("--ignore-scripts")
             inner += list(packages)
@@ -242,8 +301,9 @@ class EnvManager:
         if cli.name != "npm-cli.js":
             cli = cli.parent.parent / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js"
         if not cli.is_file():
-            raise EnvBuildFailed("npm was not found beside Node.js; it is needed to install "
-                                 "npm packages")
+            raise EnvBuildFailed(
+                "npm was not found beside Node.js; it is needed to install npm packages"
+            )
         return cli
 
     # --- listing and pruning ----------------------------------------------------------------

@@ -30,8 +30,8 @@ __all__ = [
     "CodeCache",
     "InputRejected",
     "RunResult",
-    "Runner",
     "RunnableTool",
+    "Runner",
     "Validators",
 ]
 
@@ -251,8 +251,11 @@ class Runner:
             )
 
         if out.timed_out:
-            return result(TIMED_OUT, f"timed out after {tool.timeout_ms} ms (the tool's "
-                                     "timeoutMs, counted from the start of the sandbox)")
+            return result(
+                TIMED_OUT,
+                f"timed out after {tool.timeout_ms} ms (the tool's "
+                "timeoutMs, counted from the start of the sandbox)",
+            )
         if out.result_too_large:
             return result(FAILED, _too_large(None))
         if out.result is None:
@@ -261,8 +264,11 @@ class Runner:
             reply = msgspec.json.decode(out.result)
             ok = reply["ok"]
         except (msgspec.DecodeError, KeyError, TypeError):
-            return result(FAILED, "the tool's result channel held something that is not a "
-                                  "result (did the tool write to it?)")
+            return result(
+                FAILED,
+                "the tool's result channel held something that is not a "
+                "result (did the tool write to it?)",
+            )
         if not ok:
             if reply.get("kind") == "output":
                 return result(FAILED, f"output is not JSON: {reply.get('message')}")
@@ -280,17 +286,20 @@ class Runner:
             return result(FAILED, f"output does not match the output schema: {message}")
         leaked = scrub.found_in(raw.decode())
         if leaked:
-            return result(FAILED, "output withheld: it contains the value of the secret "
-                                  f"{', '.join(leaked)}")
+            return result(
+                FAILED, f"output withheld: it contains the value of the secret {', '.join(leaked)}"
+            )
         return result(SUCCEEDED, None, output)
 
     def _no_result(self, out: Outcome) -> str:
         code = out.exit_code
         jail = out.jail_log.strip()
-        if code is not None and code in (137, -9) or "SIGKILL" in jail:
+        if (code is not None and code in (137, -9)) or "SIGKILL" in jail:
             lim = self.sandbox.limits
-            return (f"the tool was killed before it returned: it reached a limit "
-                    f"(memory {lim.memory_mb} MB, {lim.pids} processes, or CPU time)")
+            return (
+                f"the tool was killed before it returned: it reached a limit "
+                f"(memory {lim.memory_mb} MB, {lim.pids} processes, or CPU time)"
+            )
         if code == 255 and jail:
             return f"the sandbox could not start the tool: {jail.splitlines()[-1]}"
         if code is not None and code > 128:

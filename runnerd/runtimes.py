@@ -173,6 +173,8 @@ def find_runtimes(python: str | None, node: str | None) -> Runtimes:
     if py is None:
         notes.append("python: no usable Python for tools; Python tools cannot run")
     if nd is None:
-        notes.append(f"node: no Node.js >= {MIN_NODE_MAJOR}; JavaScript/TypeScript tools "
-                     "cannot be uploaded or run")
+        notes.append(
+            f"node: no Node.js >= {MIN_NODE_MAJOR}; JavaScript/TypeScript tools "
+            "cannot be uploaded or run"
+        )
     return Runtimes(python=py, node=nd, notes=tuple(notes))

@@ -227,8 +227,16 @@ class Sandbox:
             if job.env_dir is not None:
                 argv += ["--bindmount_ro", f"{job.env_dir}:/env"]
                 tail.append("/env")
-            argv += ["--", runtime_path(self.runtimes, "python"), "-I", "-S", "-B", "-u", harness,
-                     *tail]
+            argv += [
+                "--",
+                runtime_path(self.runtimes, "python"),
+                "-I",
+                "-S",
+                "-B",
+                "-u",
+                harness,
+                *tail,
+            ]
         else:
             harness = "/sandbox/harness_js.mjs"
             argv += ["--bindmount_ro", f"{self._dir / 'harness_js.mjs'}:{harness}"]

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import shutil
 import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from runnerd.bundle import Tool, load_bundle
+from runnerd.config import load_settings
+from runnerd.engine import Engine, build_engine
+from runnerd.runs import RunResult
 from runnerd.runtimes import find_node
 from runnerd.store import Store
 from runnerd.toolchain import Toolchain
@@ -100,28 +108,25 @@ def make_app(tmp_path: Path) -> Callable[..., AppDir]:
 
 # --- the run machinery: one engine per test session, real nsjail ------------------------------
 
-import asyncio  # noqa: E402
-import json  # noqa: E402
-from typing import Any  # noqa: E402
-
-from runnerd.bundle import Tool, load_bundle  # noqa: E402
-from runnerd.config import load_settings  # noqa: E402
-from runnerd.engine import Engine, build_engine  # noqa: E402
-from runnerd.runs import RunResult  # noqa: E402
-
 OPEN_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
 @pytest.fixture(scope="session")
-def engine(tmp_path_factory: pytest.TempPathFactory, toolchain_dir: Path) -> Engine:
+def engine(toolchain_dir: Path) -> Iterator[Engine]:
     # Not under pytest's 0700 tmp folder: jails' uids must be able to enter the data dir.
     data = Path(tempfile.mkdtemp(prefix="runnerd-test-", dir="/tmp"))
     data.chmod(0o711)
     settings = load_settings(
-        env={}, flags={"data_dir": data, "toolchain_dir": toolchain_dir,
-                       "sandbox_uid_base": 610_000, "sandbox_uid_count": 64}
+        env={},
+        flags={
+            "data_dir": data,
+            "toolchain_dir": toolchain_dir,
+            "sandbox_uid_base": 610_000,
+            "sandbox_uid_count": 64,
+        },
     )
-    return build_engine(settings)
+    yield build_engine(settings)
+    shutil.rmtree(data, ignore_errors=True)
 
 
 def make_tool(

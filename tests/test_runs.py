@@ -10,8 +10,8 @@ import urllib.parse
 from typing import Any
 
 import pytest
-
 from conftest import make_tool, run_tool
+
 from runnerd.engine import Engine
 from runnerd.runs import InputRejected
 
@@ -19,8 +19,7 @@ OBJ = {"type": "object"}
 ADD_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["n"],
-    "properties": {"n": {"type": "number"}, "tags": {"type": "array",
-                                                      "items": {"type": "string"}}},
+    "properties": {"n": {"type": "number"}, "tags": {"type": "array", "items": {"type": "string"}}},
 }
 
 
@@ -28,10 +27,16 @@ ADD_SCHEMA: dict[str, Any] = {
 
 KINDS = [
     (".py", "def run(input):\n    return {'n': input['n'] + 1}\n"),
-    (".py", "import asyncio\nasync def run(input):\n    await asyncio.sleep(0)\n"
-            "    return {'n': input['n'] + 1}\n"),
-    (".ts", "interface In { n: number }\nexport function run(i: In): { n: number } {\n"
-            "  return { n: i.n + 1 }\n}\n"),
+    (
+        ".py",
+        "import asyncio\nasync def run(input):\n    await asyncio.sleep(0)\n"
+        "    return {'n': input['n'] + 1}\n",
+    ),
+    (
+        ".ts",
+        "interface In { n: number }\nexport function run(i: In): { n: number } {\n"
+        "  return { n: i.n + 1 }\n}\n",
+    ),
     (".mts", "export default async (i: { n: number }) => ({ n: i.n + 1 })\n"),
     (".mjs", "export default function (input) { return { n: input.n + 1 } }\n"),
     (".js", "module.exports = { run: (input) => ({ n: input.n + 1 }) }\n"),
@@ -68,12 +73,16 @@ def test_pinned_npm_package(engine: Engine) -> None:
 
 
 def test_tools_with_the_same_packages_share_one_env(engine: Engine) -> None:
-    one = make_tool(engine, "import attrs\ndef run(i):\n    return {}\n", name="one",
-                    packages=("attrs==24.2.0",))
-    two = make_tool(engine, "def run(i):\n    return {}\n", name="two",
-                    packages=("attrs==24.2.0",))
-    assert engine.envs.key(one.language, one.packages) == engine.envs.key(two.language,
-                                                                          two.packages)
+    one = make_tool(
+        engine,
+        "import attrs\ndef run(i):\n    return {}\n",
+        name="one",
+        packages=("attrs==24.2.0",),
+    )
+    two = make_tool(engine, "def run(i):\n    return {}\n", name="two", packages=("attrs==24.2.0",))
+    assert engine.envs.key(one.language, one.packages) == engine.envs.key(
+        two.language, two.packages
+    )
     keys = [e.key for e in engine.envs.list() if "attrs==24.2.0" in e.packages]
     assert len(keys) == 1
 
@@ -103,20 +112,26 @@ def test_input_over_256_kb_is_refused(engine: Engine) -> None:
 
 
 def test_thrown_exception_is_failed_with_type_message_and_tool_lines(engine: Engine) -> None:
-    source = "def helper(x):\n    raise ValueError(f'bad tier {x}')\n\ndef run(i):\n" \
-             "    return helper(i['tier'])\n"
+    source = (
+        "def helper(x):\n    raise ValueError(f'bad tier {x}')\n\ndef run(i):\n"
+        "    return helper(i['tier'])\n"
+    )
     result = run_tool(engine, make_tool(engine, source), {"tier": "gold"})
     assert result.status == "failed" and result.output is None
     assert result.error is not None
     lines = result.error.splitlines()
     assert lines[0] == "ValueError: bad tier gold"
-    assert lines[1:] == ["  at run (t.py:5): return helper(i['tier'])",
-                         "  at helper (t.py:2): raise ValueError(f'bad tier {x}')"]
+    assert lines[1:] == [
+        "  at run (t.py:5): return helper(i['tier'])",
+        "  at helper (t.py:2): raise ValueError(f'bad tier {x}')",
+    ]
 
 
 def test_typescript_error_stack_names_the_ts_lines(engine: Engine) -> None:
-    source = "type T = { a: number }\n\nexport function run(i: T): T {\n" \
-             "  throw new RangeError('too big: ' + i.a)\n}\n"
+    source = (
+        "type T = { a: number }\n\nexport function run(i: T): T {\n"
+        "  throw new RangeError('too big: ' + i.a)\n}\n"
+    )
     result = run_tool(engine, make_tool(engine, source, ext=".ts"), {"a": 7})
     assert result.status == "failed"
     assert result.error is not None
@@ -137,13 +152,22 @@ def test_javascript_rejected_promise_is_failed(engine: Engine) -> None:
         (".py", "def run(i):\n    return {'s': {1, 2}}\n", "output is not JSON"),
         (".py", "def run(i):\n    return {'x': float('nan')}\n", "output is not JSON"),
         (".mjs", "export const run = () => ({ n: 10n })\n", "output is not JSON"),
-        (".py", "def run(i):\n    return {'n': 'seven'}\n",
-         "output does not match the output schema: /n must be number"),
-        (".py", "def run(i):\n    return {}\n",
-         "output does not match the output schema: /n is required"),
+        (
+            ".py",
+            "def run(i):\n    return {'n': 'seven'}\n",
+            "output does not match the output schema: /n must be number",
+        ),
+        (
+            ".py",
+            "def run(i):\n    return {}\n",
+            "output does not match the output schema: /n is required",
+        ),
         (".py", "def run(i):\n    return None\n", "output does not match the output schema"),
-        (".py", "def run(i):\n    return {'n': 1, 'pad': 'x' * (1024 * 1024)}\n",
-         "output is larger than 1 MB"),
+        (
+            ".py",
+            "def run(i):\n    return {'n': 1, 'pad': 'x' * (1024 * 1024)}\n",
+            "output is larger than 1 MB",
+        ),
     ],
 )
 def test_bad_output_is_failed_saying_which_rule(
@@ -171,8 +195,10 @@ def test_tool_that_exits_without_a_result_is_failed(engine: Engine) -> None:
 
 
 def test_prints_are_logs_not_results(engine: Engine) -> None:
-    source = "import sys\ndef run(i):\n    print('{\"ok\": true, \"output\": 1}')\n" \
-             "    print('to stderr', file=sys.stderr)\n    return {'n': 1}\n"
+    source = (
+        'import sys\ndef run(i):\n    print(\'{"ok": true, "output": 1}\')\n'
+        "    print('to stderr', file=sys.stderr)\n    return {'n': 1}\n"
+    )
     result = run_tool(engine, make_tool(engine, source))
     assert result.output == {"n": 1}
     assert result.logs == '{"ok": true, "output": 1}\nto stderr\n'
@@ -198,7 +224,9 @@ def test_each_run_starts_from_a_fresh_sandbox(engine: Engine) -> None:
     )
     tool = make_tool(engine, source)
     assert [run_tool(engine, tool).output for _ in range(2)] == [
-        {"seen": False, "state": 1}, {"seen": False, "state": 1}]
+        {"seen": False, "state": 1},
+        {"seen": False, "state": 1},
+    ]
 
 
 # --- secrets ----------------------------------------------------------------------------------
@@ -210,8 +238,9 @@ def test_secret_reaches_the_tool_as_an_env_variable(engine: Engine) -> None:
     py = "import os\ndef run(i):\n    return {'len': len(os.environ['STRIPE_KEY'])}\n"
     js = "export const run = () => ({ len: process.env.STRIPE_KEY.length })\n"
     for source, ext in ((py, ".py"), (js, ".mjs")):
-        result = run_tool(engine, make_tool(engine, source, ext=ext),
-                          secrets={"STRIPE_KEY": SECRET})
+        result = run_tool(
+            engine, make_tool(engine, source, ext=ext), secrets={"STRIPE_KEY": SECRET}
+        )
         assert result.output == {"len": len(SECRET)}
 
 
@@ -257,8 +286,13 @@ def test_secret_in_error_or_logs_is_scrubbed(engine: Engine, spelling: str) -> N
 
 @pytest.mark.parametrize(
     "spelling",
-    ["value", "base64.b64encode(value.encode()).decode()", "urllib.parse.quote(value)",
-     "'prefix-' + value[:]", "json.dumps(value)"],
+    [
+        "value",
+        "base64.b64encode(value.encode()).decode()",
+        "urllib.parse.quote(value)",
+        "'prefix-' + value[:]",
+        "json.dumps(value)",
+    ],
 )
 def test_output_with_secret_is_withheld(engine: Engine, spelling: str) -> None:
     source = (
@@ -277,8 +311,9 @@ def test_secrets_never_reach_argv_or_disk(engine: Engine, tmp_path: Any) -> None
     tool = make_tool(engine, "import time\ndef run(i):\n    time.sleep(0.5)\n    return {}\n")
 
     async def observe() -> list[str]:
-        task = asyncio.ensure_future(engine.runner.run(tool, {"m": marker},
-                                                       secrets={"S": marker + "-secret"}))
+        task = asyncio.ensure_future(
+            engine.runner.run(tool, {"m": marker}, secrets={"S": marker + "-secret"})
+        )
         await asyncio.sleep(0.25)
         seen = []
         from pathlib import Path

@@ -1,0 +1,126 @@
+"""Package environments: keys, sharing, coalescing, failures, listing and pruning."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLE, make_tool
+from runnerd.apps import upload_version
+from runnerd.bundle import read_app_dir
+from runnerd.engine import Engine
+from runnerd.envs import EnvBuildFailed
+from runnerd.store import Store
+
+RUNNERD = str(Path(sys.executable).with_name("runnerd"))
+
+
+def test_key_is_ecosystem_runtime_and_sorted_pins(engine: Engine) -> None:
+    a = engine.envs.key("python", ["b==1.0", "a==2.0"])
+    b = engine.envs.key("python", ["a==2.0", "b==1.0"])
+    assert a == b and a.startswith("pypi-python3.")
+    assert engine.envs.key("typescript", ["zod@3.25.76"]) == engine.envs.key(
+        "javascript", ["zod@3.25.76"]
+    )
+    assert engine.envs.key("javascript", ["zod@3.25.76"]).startswith("npm-node")
+
+
+def test_tools_without_packages_use_no_env(engine: Engine) -> None:
+    assert asyncio.run(engine.envs.ensure("python", ())) is None
+
+
+def test_concurrent_builds_of_one_key_coalesce(engine: Engine) -> None:
+    pins = ("six==1.16.0",)
+    key = engine.envs.key("python", pins)
+    assert engine.envs.ready("python", pins) is None
+
+    async def many() -> list[Path | None]:
+        return await asyncio.gather(*(engine.envs.ensure("python", pins) for _ in range(4)))
+
+    paths = asyncio.run(many())
+    assert len(set(paths)) == 1 and paths[0] is not None
+    built = [e for e in engine.envs.list() if e.key == key]
+    assert len(built) == 1 and built[0].packages == pins
+    # Nothing half-built is left beside it.
+    assert not [p for p in engine.envs.root.iterdir() if p.name.startswith(".build-")]
+    # Sealed: root-owned, not writable by the jails.
+    site = engine.envs.root / key / "site"
+    assert site.stat().st_uid == 0 and not site.stat().st_mode & 0o022
+
+
+def test_build_failure_reports_the_installers_message(engine: Engine) -> None:
+    with pytest.raises(EnvBuildFailed) as caught:
+        engine.envs.ensure_sync("python", ("attrs==0.0.1",))
+    assert "attrs" in str(caught.value) and "0.0.1" in str(caught.value)
+    with pytest.raises(EnvBuildFailed) as npm:
+        engine.envs.ensure_sync("javascript", ("zod@0.0.999",))
+    assert "No matching version" in str(npm.value) or "ETARGET" in str(npm.value)
+
+
+def test_run_uses_the_env_and_builds_it_first_when_missing(engine: Engine) -> None:
+    tool = make_tool(
+        engine,
+        "import six\ndef run(i):\n    return {'v': six.__version__}\n",
+        packages=("six==1.16.0",),
+    )
+    assert asyncio.run(engine.runner.run(tool, {})).output == {"v": "1.16.0"}
+
+
+def test_envs_list_and_prune_through_the_cli(engine: Engine, tmp_path: Path) -> None:
+    data = engine.settings.data_dir
+    app = tmp_path / "app"
+    (app / "tools").mkdir(parents=True)
+    (app / "agentserve.app.yaml").write_text("slug: pk\nname: Pk\ntools: ./tools/*\n")
+    (app / "tools" / "p.tool.yaml").write_text(
+        json.dumps(
+            {
+                "name": "p",
+                "description": "d",
+                "input": {"type": "object"},
+                "output": {"type": "object"},
+                "packages": ["six==1.16.0"],
+            }
+        )
+    )
+    (app / "tools" / "p.py").write_text("def run(i):\n    return {}\n")
+    store = Store.in_data_dir(data)
+    upload_version(store, read_app_dir(app), toolchain=engine.toolchain)
+    store.close()
+    engine.envs.ensure_sync("python", ("attrs==24.2.0",))  # used by no stored version
+    env = {
+        **os.environ,
+        "RUNNERD_TOOLCHAIN_DIR": str(engine.settings.toolchain_path),
+        "RUNNERD_SANDBOX_UID_BASE": "610000",
+        "RUNNERD_SANDBOX_UID_COUNT": "64",
+    }
+    listed = json.loads(
+        subprocess.run(
+            [RUNNERD, "envs", "list", "--json", "--data-dir", str(data)],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        ).stdout
+    )
+    by_packages = {tuple(e["packages"]): e for e in listed}
+    assert by_packages[("six==1.16.0",)]["usedBy"] == ["pk@1/p"]
+    assert by_packages[("six==1.16.0",)]["sizeBytes"] > 10_000
+    assert by_packages[("attrs==24.2.0",)]["usedBy"] == []
+    pruned = json.loads(
+        subprocess.run(
+            [RUNNERD, "envs", "prune", "--json", "--data-dir", str(data)],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        ).stdout
+    )
+    assert pruned["removed"] == [by_packages[("attrs==24.2.0",)]["key"]]
+    assert engine.envs.ready("python", ("six==1.16.0",)) is not None
+    assert EXAMPLE.is_dir()

@@ -1,0 +1,536 @@
+"""Hostile tools: each attack must fail, leave nothing running, and the next ordinary run
+must still succeed. docs/SECURITY.md has the table of these cases and what stops each."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import make_tool, run_tool
+
+from runnerd.engine import Engine
+from runnerd.runs import RunResult
+
+ORDINARY = "def run(i):\n    return {'ok': True}\n"
+
+# Calls a syscall through libc and reports errno; the jail has no compiler or shell.
+SYSCALL = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *args):
+    fn = getattr(libc, name)
+    rc = fn(*args)
+    return rc, ctypes.get_errno()
+"""
+
+
+def _jail_uids(engine: Engine) -> range:
+    base = engine.settings.sandbox_uid_base
+    return range(base - 1, base + engine.settings.sandbox_uid_count)
+
+
+def _processes_of(uids: range) -> list[str]:
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("Uid:") and int(line.split()[1]) in uids:
+                found.append(f"{status.parent.name}: {text.splitlines()[0]}")
+    return found
+
+
+@pytest.fixture
+def contained(engine: Engine) -> Iterator[None]:
+    """After the test: no process of a jail uid is left, and an ordinary run succeeds."""
+    yield
+    deadline = time.monotonic() + 2
+    while (left := _processes_of(_jail_uids(engine))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left == [], f"processes outlived their run: {left}"
+    result = run_tool(engine, make_tool(engine, ORDINARY, name="ordinary"))
+    assert (result.status, result.output) == ("succeeded", {"ok": True}), result.error
+
+
+def attack(
+    engine: Engine,
+    source: str,
+    value: Any = None,
+    *,
+    ext: str = ".py",
+    timeout_ms: int = 10_000,
+    **kw: Any,
+) -> RunResult:
+    return run_tool(engine, make_tool(engine, source, ext=ext, timeout_ms=timeout_ms), value, **kw)
+
+
+def report(engine: Engine, source: str, value: Any = None, **kw: Any) -> dict[str, Any]:
+    """Run a hostile tool that reports what it managed; it must itself succeed."""
+    result = attack(engine, source, value, **kw)
+    assert result.status == "succeeded", result.error
+    assert isinstance(result.output, dict)
+    return result.output
+
+
+READ = """
+def run(i):
+    try:
+        with open(i['path'], 'rb') as f:
+            return {'read': len(f.read())}
+    except OSError as e:
+        return {'error': type(e).__name__}
+"""
+
+pytestmark = pytest.mark.usefixtures("contained")
+
+
+# --- reading what is not the tool's ---------------------------------------------------------
+
+
+def test_read_etc_shadow(engine: Engine) -> None:
+    assert report(engine, READ, {"path": "/etc/shadow"}) == {"error": "FileNotFoundError"}
+
+
+def test_read_the_data_dir_and_its_database(engine: Engine) -> None:
+    data = engine.settings.data_dir
+    (data / "runnerd.db").touch()
+    for path in (data / "runnerd.db", data / "runnerd.db-wal", data):
+        assert report(engine, READ, {"path": str(path)}) == {"error": "FileNotFoundError"}
+
+
+def test_read_other_tools_sources(engine: Engine) -> None:
+    other = make_tool(engine, "SECRET_LOGIC = 42\ndef run(i):\n    return {}\n", name="other")
+    folder, _ = engine.runner.code.folder("other-key", other)
+    source = """
+import os
+def run(i):
+    found = {'tool_dir': sorted(os.listdir('/tool'))}
+    try:
+        open(i['path']).read()
+        found['other'] = 'read'
+    except OSError as e:
+        found['other'] = type(e).__name__
+    return found
+"""
+    out = report(engine, source, {"path": str(folder / "other.py")})
+    assert out == {"tool_dir": ["t.py"], "other": "FileNotFoundError"}
+
+
+def test_proc_1_environ_and_proc_are_absent(engine: Engine) -> None:
+    for path in ("/proc/1/environ", "/proc/self/environ", "/sys/kernel/notes"):
+        assert report(engine, READ, {"path": path}) == {"error": "FileNotFoundError"}
+
+
+def test_root_holds_only_what_the_interpreter_needs(engine: Engine) -> None:
+    source = (
+        "import os\ndef run(i):\n    return {'root': sorted(os.listdir('/')), "
+        "'dev': sorted(os.listdir('/dev'))}\n"
+    )
+    out = report(engine, source)
+    assert set(out["root"]) <= {"dev", "etc", "lib", "lib64", "sandbox", "tmp", "tool", "usr"}
+    assert out["dev"] == ["null", "urandom"]
+
+
+# --- writing and persisting -----------------------------------------------------------------
+
+WRITE = """
+import os
+def run(i):
+    results = {}
+    for path in i['paths']:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, 'w') as f:
+                f.write('x')
+            results[path] = 'written'
+        except OSError as e:
+            results[path] = type(e).__name__
+    return results
+"""
+
+
+def test_write_outside_tmp(engine: Engine) -> None:
+    paths = ["/tool/t.py", "/usr/evil", "/etc/evil", "/evil", "/sandbox/harness_py.py"]
+    out = report(engine, WRITE, {"paths": paths})
+    assert all(v != "written" for v in out.values()), out
+
+
+def test_files_do_not_persist_between_runs(engine: Engine) -> None:
+    paths = ["/tmp/persist", "/dev/shm/persist", "/var/tmp/persist"]
+    first = report(engine, WRITE, {"paths": paths})
+    assert first["/tmp/persist"] == "written"
+    check = "import os\ndef run(i):\n    return {p: os.path.exists(p) for p in i['paths']}\n"
+    assert report(engine, check, {"paths": paths}) == dict.fromkeys(paths, False)
+
+
+def test_disk_fill_of_tmp_stops_at_the_tmpfs_size(engine: Engine) -> None:
+    source = """
+def run(i):
+    written = 0
+    try:
+        with open('/tmp/fill', 'wb') as f:
+            while written < 512 * 1024 * 1024:
+                f.write(b'x' * (1024 * 1024))
+                written += 1024 * 1024
+    except OSError as e:
+        return {'stopped_at_mb': written // (1024 * 1024), 'error': type(e).__name__}
+    return {'stopped_at_mb': written // (1024 * 1024)}
+"""
+    out = report(engine, source)
+    assert out["stopped_at_mb"] <= engine.settings.tmp_mb
+    assert out["error"] == "OSError"
+
+
+# --- network ----------------------------------------------------------------------------------
+
+
+def test_connect_to_the_daemon_port_on_localhost(engine: Engine) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    source = """
+import socket
+def run(i):
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect(('127.0.0.1', i['port']))
+        return {'connected': True}
+    except OSError as e:
+        return {'connected': False, 'error': type(e).__name__}
+"""
+    try:
+        out = report(engine, source, {"port": port})
+    finally:
+        server.close()
+    assert out == {"connected": False, "error": "ConnectionRefusedError"}
+
+
+def test_no_route_to_any_outside_address(engine: Engine) -> None:
+    # A UDP connect() only looks the route up; it sends nothing, jailed or not.
+    source = """
+import socket
+def run(i):
+    out = {'interfaces': [n for _, n in socket.if_nameindex()]}
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(('192.0.2.1', 53))
+        out['route'] = True
+    except OSError as e:
+        out['route'] = False
+    return out
+"""
+    assert report(engine, source) == {"interfaces": ["lo"], "route": False}
+
+
+def test_raw_and_packet_sockets(engine: Engine) -> None:
+    source = """
+import socket
+def run(i):
+    out = {}
+    for name, args in [('raw', (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)),
+                       ('packet', (socket.AF_PACKET, socket.SOCK_RAW, 0))]:
+        try:
+            socket.socket(*args)
+            out[name] = 'opened'
+        except OSError as e:
+            out[name] = type(e).__name__
+    return out
+"""
+    assert report(engine, source) == {"raw": "PermissionError", "packet": "PermissionError"}
+
+
+# --- processes --------------------------------------------------------------------------------
+
+
+def test_fork_bomb(engine: Engine) -> None:
+    source = """
+import os, time
+def run(i):
+    made = 0
+    try:
+        while True:
+            if os.fork() == 0:
+                time.sleep(30)
+                os._exit(0)
+            made += 1
+    except OSError as e:
+        return {'made': made, 'error': type(e).__name__}
+"""
+    out = report(engine, source)
+    assert out["made"] < engine.settings.pids
+    assert out["error"] == "BlockingIOError"
+
+
+def test_memory_bomb_python(engine: Engine) -> None:
+    source = "def run(i):\n    hog = []\n    while True:\n        hog.append(bytearray(64 << 20))\n"
+    result = attack(engine, source)
+    assert result.status == "failed"
+    assert result.error is not None and result.error.startswith(("MemoryError", "the tool was"))
+
+
+def test_memory_bomb_node(engine: Engine) -> None:
+    source = (
+        "export function run() {\n  const hog = []\n"
+        "  for (;;) hog.push(new Array(1 << 20).fill(7))\n}\n"
+    )
+    result = attack(engine, source, ext=".mjs")
+    assert result.status == "failed"
+
+
+def test_stdout_flood(engine: Engine) -> None:
+    source = (
+        "import sys\ndef run(i):\n    for _ in range(200_000):\n"
+        "        sys.stdout.write('y' * 1000 + '\\n')\n    return {'done': True}\n"
+    )
+    result = attack(engine, source, timeout_ms=20_000)
+    assert (result.status, result.output) == ("succeeded", {"done": True})
+    assert result.logs_truncated and len(result.logs) == 64 * 1024
+
+
+def test_cpu_spin_past_the_timeout(engine: Engine) -> None:
+    result = attack(engine, "def run(i):\n    while True:\n        pass\n", timeout_ms=1000)
+    assert result.status == "timed_out"
+    assert result.duration_ms < 2000
+
+
+def test_child_that_ignores_sigterm_and_outlives_its_parent(engine: Engine) -> None:
+    source = """
+import os, signal, time
+def run(i):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            time.sleep(600)
+        os._exit(0)
+    time.sleep(0.2)
+    return {'spawned': True}
+"""
+    # Returns while the daemonized grandchild still sleeps: the jail's end must reap it.
+    assert report(engine, source) == {"spawned": True}
+
+
+def test_hung_tool_with_daemon_children_dies_at_the_deadline(engine: Engine) -> None:
+    source = """
+import os, signal, time
+def run(i):
+    for _ in range(3):
+        if os.fork() == 0:
+            os.setsid()
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            while True:
+                pass
+    while True:
+        time.sleep(1)
+"""
+    result = attack(engine, source, timeout_ms=1000)
+    assert result.status == "timed_out"
+
+
+def test_kill_minus_one_and_other_pids(engine: Engine) -> None:
+    source = (
+        SYSCALL
+        + """
+import signal
+def run(i):
+    out = {}
+    try:
+        os.kill(i['host_pid'], signal.SIGKILL)
+        out['host'] = 'killed'
+    except OSError as e:
+        out['host'] = type(e).__name__
+    for _ in range(3):
+        if os.fork() == 0:
+            import time; time.sleep(5); os._exit(0)
+    os.kill(-1, signal.SIGKILL)   # every process of the jail but this one
+    out['pid'] = os.getpid()
+    return out
+"""
+    )
+    out = report(engine, source, {"host_pid": os.getpid()})
+    assert out == {"host": "ProcessLookupError", "pid": 1}
+
+
+def test_ptrace(engine: Engine) -> None:
+    source = (
+        SYSCALL
+        + """
+def run(i):
+    pid = os.fork()
+    if pid == 0:
+        import time; time.sleep(5); os._exit(0)
+    rc, err = call('ptrace', 16, pid, 0, 0)   # PTRACE_ATTACH
+    os.kill(pid, 9)
+    return {'rc': rc, 'errno': err}
+"""
+    )
+    assert report(engine, source) == {"rc": -1, "errno": 1}
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "errno"),
+    [
+        ("unshare", "0x10000000", 1),  # CLONE_NEWUSER
+        ("unshare", "0x00020000", 1),  # CLONE_NEWNS
+        ("unshare", "0x40000000", 1),  # CLONE_NEWNET
+        ("setns", "0, 0", 1),
+        ("mount", "b'none', b'/tmp', b'tmpfs', 0, None", 1),
+        ("umount2", "b'/tmp', 2", 1),
+        ("chroot", "b'/tmp'", 1),
+        ("syscall", "250, 0, 0, 0, 0, 0", 1),  # keyctl
+        ("syscall", "248, b'user', b'k', b'v', 1, 0xfffffffd", 1),  # add_key
+        ("syscall", "321, 0, 0, 0", 1),  # bpf
+        ("syscall", "298, 0, 0, 0, 0, 0", 1),  # perf_event_open
+        ("syscall", "246, 0, 0, 0, 0", 1),  # kexec_load
+        ("syscall", "313, 0, 0, 0", 1),  # finit_module
+        ("syscall", "425, 8, 0", 1),  # io_uring_setup
+        ("syscall", "56, 0x10000011, 0, 0, 0, 0", 1),  # clone(CLONE_NEWUSER|SIGCHLD)
+        ("syscall", "435, 0, 0", 38),  # clone3: ENOSYS, so libc falls back to clone
+        ("syscall", "164, 0, 0", 1),  # settimeofday
+    ],
+)
+def test_denied_syscalls(engine: Engine, name: str, args: str, errno: int) -> None:
+    source = (
+        SYSCALL + f"\ndef run(i):\n    rc, err = call({name!r}, {args})\n"
+        "    return {'rc': rc, 'errno': err}\n"
+    )
+    assert report(engine, source) == {"rc": -1, "errno": errno}
+
+
+def test_setuid_binaries_and_privileges(engine: Engine) -> None:
+    source = (
+        SYSCALL
+        + """
+def run(i):
+    found = [p for p in ('/usr/bin/su', '/usr/bin/sudo', '/bin/mount', '/usr/bin/passwd')
+             if os.path.exists(p)]
+    no_new_privs, _ = call('prctl', 39, 0, 0, 0, 0)   # PR_GET_NO_NEW_PRIVS
+    return {'setuid_binaries': found, 'no_new_privs': no_new_privs,
+            'uid': os.getuid(), 'euid': os.geteuid()}
+"""
+    )
+    out = report(engine, source)
+    assert out == {"setuid_binaries": [], "no_new_privs": 1, "uid": 1000, "euid": 1000}
+
+
+def test_jail_runs_as_an_unprivileged_outside_uid(engine: Engine) -> None:
+    source = "import time\ndef run(i):\n    time.sleep(0.4)\n    return {}\n"
+    tool = make_tool(engine, source)
+
+    async def observe() -> list[int]:
+        task = asyncio.ensure_future(engine.runner.run(tool, {}))
+        await asyncio.sleep(0.25)
+        uids = []
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                text = status.read_text()
+            except OSError:
+                continue
+            if "python3" in text.splitlines()[0] and "harness" in (
+                status.parent / "cmdline"
+            ).read_bytes().decode("utf-8", "replace"):
+                uid_line = next(x for x in text.splitlines() if x.startswith("Uid:"))
+                uids.append(int(uid_line.split()[1]))
+        await task
+        return uids
+
+    uids = asyncio.run(observe())
+    assert uids and all(u in _jail_uids(engine) and u != 0 for u in uids)
+
+
+def test_concurrent_runs_get_distinct_uids_and_cannot_see_each_others_secrets(
+    engine: Engine,
+) -> None:
+    holder = make_tool(
+        engine,
+        "import os, time\ndef run(i):\n    time.sleep(0.6)\n"
+        "    return {'uid_ok': os.getuid() == 1000}\n",
+        name="holder",
+    )
+    spy = make_tool(
+        engine,
+        """
+import os
+def run(i):
+    env = dict(os.environ)
+    seen = [p for p in ('/proc',) if os.path.exists(p)]
+    return {'keys': sorted(env), 'proc': seen, 'pid': os.getpid()}
+""",
+        name="spy",
+    )
+
+    async def both() -> tuple[Any, Any]:
+        first = asyncio.ensure_future(
+            engine.runner.run(holder, {}, secrets={"HOLDER_SECRET": "hs-7f9d2c1b"})
+        )
+        await asyncio.sleep(0.2)
+        second = await engine.runner.run(spy, {}, secrets={"SPY_KEY": "spy-0000"})
+        return await first, second
+
+    first, second = asyncio.run(both())
+    assert first.output == {"uid_ok": True}
+    assert second.output == {"keys": ["HOME", "LANG", "PATH", "SPY_KEY"], "proc": [], "pid": 1}
+
+
+def test_node_cannot_spawn_a_shell_or_read_host_files(engine: Engine) -> None:
+    source = """
+import { execFileSync } from 'node:child_process'
+import { readFileSync } from 'node:fs'
+export function run() {
+  const out = {}
+  try { execFileSync('/bin/sh', ['-c', 'id']); out.sh = 'ran' } catch (e) { out.sh = e.code }
+  try { readFileSync('/etc/passwd'); out.passwd = 'read' } catch (e) { out.passwd = e.code }
+  return out
+}
+"""
+    out = report(engine, source, ext=".mjs")
+    assert out == {"sh": "ENOENT", "passwd": "ENOENT"}
+
+
+def test_raising_rlimits_is_refused(engine: Engine) -> None:
+    source = """
+import resource
+def run(i):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (hard + 100, hard + 100))
+        return {'raised': True}
+    except (ValueError, OSError) as e:
+        return {'raised': False, 'hard': hard}
+"""
+    out = report(engine, source)
+    assert out == {"raised": False, "hard": engine.settings.pids}
+
+
+def test_forged_result_cannot_bypass_output_checks(engine: Engine) -> None:
+    source = """
+import os, sys
+def run(i):
+    os.write(int(sys.argv[1]), b'{"ok":true,"output":{"n":"not a number"}}')
+    os._exit(0)
+"""
+    out_schema = {"type": "object", "properties": {"n": {"type": "number"}}}
+    result = run_tool(engine, make_tool(engine, source, output_schema=out_schema))
+    assert result.status == "failed"
+    assert result.error is not None and "output schema" in result.error
+
+
+def test_huge_result_channel_write_is_capped(engine: Engine) -> None:
+    source = (
+        "import os, sys\ndef run(i):\n    os.write(int(sys.argv[1]), b'[' * (4 << 20))\n"
+        "    os._exit(0)\n"
+    )
+    result = attack(engine, source)
+    assert result.status == "failed"
+    assert result.error is not None and result.error.startswith("output is larger than 1 MB")
