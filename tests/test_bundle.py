@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import PY_SOURCE, TOOL_YAML, AppDir
 
+from conftest import PY_SOURCE, TOOL_YAML, AppDir
 from runnerd.apps import upload_version
 from runnerd.bundle import read_app_dir
 from runnerd.cli import main

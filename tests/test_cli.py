@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from conftest import EXAMPLE, AppDir
-
 from runnerd.toolchain import Toolchain
 
 # The console script installed beside the Python running the tests.

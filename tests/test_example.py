@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLE
 from ruamel.yaml import YAML
 
+from conftest import EXAMPLE
 from runnerd.schemas import compile_schema
 from runnerd.toolchain import Toolchain
 

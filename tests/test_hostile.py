@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_tool, run_tool
 
+from conftest import make_tool, run_tool
 from runnerd.engine import Engine
 from runnerd.runs import RunResult
 

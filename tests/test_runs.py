@@ -10,8 +10,8 @@ import urllib.parse
 from typing import Any
 
 import pytest
-from conftest import make_tool, run_tool
 
+from conftest import make_tool, run_tool
 from runnerd.engine import Engine
 from runnerd.runs import InputRejected
 

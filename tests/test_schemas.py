@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import fastjsonschema
-from conftest import EXAMPLE, REPO
 from ruamel.yaml import YAML
 
+from conftest import EXAMPLE, REPO
 from runnerd.schemas import check_document, compile_schema, published_schema, schemas_dir
 
 

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import AppDir
 
+from conftest import AppDir
 from runnerd.apps import upload_version
 from runnerd.bundle import read_app_dir
 from runnerd.errors import VersionExists
