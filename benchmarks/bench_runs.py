@@ -1,0 +1,116 @@
+"""Cold-run latency of runnerd against bare baselines measured in the same run.
+
+    .venv/bin/python benchmarks/bench_runs.py [--runs N]
+
+Every runnerd run starts a fresh nsjail sandbox (mode once), so "cold" is every run.
+Baselines: the bare interpreter, and bare nsjail + interpreter with the same cgroup
+limits, so the ratios show what runnerd itself adds (harness, pipes, checks). Results
+go in docs/BENCHMARKS.md; this is not a test and asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from runnerd.bundle import Tool, load_bundle
+from runnerd.config import load_settings
+from runnerd.engine import Engine, build_engine
+from runnerd.runtimes import clean_env
+
+
+def _tool(engine: Engine, name: str, ext: str, source: str) -> Tool:
+    doc = {"name": name, "description": "bench", "input": {"type": "object"},
+           "output": {"type": "object"}}
+    files = {"agentserve.app.yaml": b"slug: bench\nname: Bench\ntools: ./*\n",
+             f"{name}.tool.yaml": json.dumps(doc).encode(), f"{name}{ext}": source.encode()}
+    [tool] = load_bundle(files, toolchain=engine.toolchain).tools
+    return tool
+
+
+def _time(fn: Callable[[], object], runs: int) -> list[float]:
+    fn()  # warm the page cache
+    out = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - start) * 1000)
+    return out
+
+
+def _bare_jail(engine: Engine, argv: list[str], mounts: tuple[str, ...]) -> list[str]:
+    sandbox = engine.sandbox
+    cmd = [sandbox.nsjail, "--mode", "o", "--really_quiet",
+           "--user", f"1000:{engine.settings.sandbox_uid_base}:1",
+           "--group", f"1000:{engine.settings.sandbox_uid_base}:1",
+           "--disable_proc", "--rlimit_as", "inf"]
+    if engine.cgroups.enabled:
+        cmd += [*engine.cgroups.nsjail_args, "--cgroup_mem_max", str(512 << 20),
+                "--cgroup_pids_max", "64"]
+    for mount in mounts:
+        cmd += ["--bindmount_ro", mount]
+    return [*cmd, "--", *argv]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=40)
+    args = parser.parse_args()
+    data = Path(tempfile.mkdtemp(prefix="runnerd-bench-", dir="/tmp"))
+    data.chmod(0o711)
+    engine = build_engine(load_settings(flags={"data_dir": data}))
+    rt = engine.runtimes
+    assert rt.python is not None and rt.node is not None
+    env = clean_env()
+
+    def sh(argv: list[str]) -> Callable[[], object]:
+        return lambda: subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+
+    def tool_run(tool: Tool) -> Callable[[], object]:
+        def go() -> object:
+            result = asyncio.run(engine.runner.run(tool, {"n": 1}))
+            assert result.status == "succeeded", result.error
+            return result
+
+        return go
+
+    py_tool = _tool(engine, "py", ".py", "def run(input):\n    return {'n': input['n']}\n")
+    js_tool = _tool(engine, "js", ".mjs", "export function run(i) { return { n: i.n } }\n")
+    ts_tool = _tool(engine, "ts", ".ts", "export function run(i: { n: number }) {\n"
+                                         "  return { n: i.n }\n}\n")
+    rows = {
+        "python3 -I -S -c pass (bare)": sh([rt.python.executable, "-I", "-S", "-c", "pass"]),
+        "nsjail + python3 -c pass (bare)": sh(_bare_jail(
+            engine, [rt.python.executable, "-I", "-S", "-c", "pass"], rt.python.mounts)),
+        "runnerd: trivial Python tool": tool_run(py_tool),
+        "node -e 0 (bare, clean env)": sh([rt.node.path, "-e", "0"]),
+        "nsjail + node -e 0 (bare)": sh(_bare_jail(engine, [rt.node.path, "-e", "0"],
+                                                   rt.node.mounts)),
+        "runnerd: trivial JavaScript tool": tool_run(js_tool),
+        "runnerd: trivial TypeScript tool": tool_run(ts_tool),
+    }
+    results = {name: _time(fn, args.runs) for name, fn in rows.items()}
+    med = {name: statistics.median(v) for name, v in results.items()}
+    print(f"runs per row: {args.runs}; cgroups: {engine.cgroups.mode}")
+    print(f"{'':40} {'median ms':>10} {'p95 ms':>8}")
+    for name, values in results.items():
+        p95 = sorted(values)[int(len(values) * 0.95) - 1]
+        print(f"{name:40} {med[name]:10.1f} {p95:8.1f}")
+    py_jail = med["nsjail + python3 -c pass (bare)"]
+    node_jail = med["nsjail + node -e 0 (bare)"]
+    print()
+    print(f"Python tool / bare python:          {med['runnerd: trivial Python tool'] / med['python3 -I -S -c pass (bare)']:.2f}x")  # noqa: E501
+    print(f"Python tool / bare nsjail + python: {med['runnerd: trivial Python tool'] / py_jail:.2f}x")  # noqa: E501
+    print(f"JS tool / bare nsjail + node:       {med['runnerd: trivial JavaScript tool'] / node_jail:.2f}x")  # noqa: E501
+    print(f"TS tool / bare nsjail + node:       {med['runnerd: trivial TypeScript tool'] / node_jail:.2f}x")  # noqa: E501
+
+
+if __name__ == "__main__":
+    main()
