@@ -1,195 +1,27 @@
-"""The SQLite store: the only module with SQL in it.
-
-One file in the data dir, WAL mode, opened through sqlite-utils. The schema is built by
-numbered migrations (``PRAGMA user_version`` holds the last one applied); each runs in
-its own transaction, so a database is always at one exact version. Stored app versions
-are immutable: triggers refuse any UPDATE or DELETE of a version or its tools.
-"""
+"""Apps, immutable versions, publishing and installs."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import secrets
-import sqlite3
-import time
-from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
-
-import msgspec
-import sqlite_utils
 
 from runnerd.bundle import Bundle, Tool
 from runnerd.errors import VersionExists
-
-__all__ = ["AppRecord", "Store", "ToolRecord", "VersionRecord", "new_id", "utc_now"]
-
-DB_FILENAME = "runnerd.db"
-_CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
-
-
-def new_id(prefix: str) -> str:
-    """A sortable unique id: ``prefix_`` + 48-bit milliseconds + 80 random bits, base32."""
-    value = (int(time.time() * 1000) << 80) | secrets.randbits(80)
-    chars = []
-    for _ in range(26):
-        value, rem = divmod(value, 32)
-        chars.append(_CROCKFORD[rem])
-    return f"{prefix}_{''.join(reversed(chars))}"
+from runnerd.store.core import StoreBase
+from runnerd.store.records import (
+    AppRecord,
+    InstallRecord,
+    ToolRecord,
+    VersionRecord,
+    new_id,
+    utc_now,
+)
 
 
-def utc_now() -> str:
-    """Now as ISO 8601 UTC with milliseconds, such as 2026-11-30T02:46:41.123Z."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-class AppRecord(msgspec.Struct, frozen=True):
-    id: str
-    slug: str
-    name: str
-    created_at: str
-
-
-class VersionRecord(msgspec.Struct, frozen=True):
-    id: str
-    app_id: str
-    app_slug: str
-    version: str
-    seq: int
-    content_hash: str
-    tool_names: tuple[str, ...]
-    created_at: str
-
-
-class ToolRecord(msgspec.Struct, frozen=True):
-    version_id: str
-    name: str
-    description: str
-    effect: str
-    timeout_ms: int
-    language: str
-    input_schema: dict[str, Any]
-    output_schema: dict[str, Any]
-    packages: tuple[str, ...]
-    source_path: str
-    source: str
-    compiled_js: str | None
-    module_format: str | None
-    yaml_path: str
-    yaml_text: str
-
-
-# --- Migrations -----------------------------------------------------------------------------
-
-
-def _m1_apps_and_versions(db: sqlite_utils.Database) -> None:
-    db.execute(
-        """CREATE TABLE apps (
-            id TEXT PRIMARY KEY,
-            slug TEXT NOT NULL UNIQUE,
-            name TEXT NOT NULL,
-            created_at TEXT NOT NULL
-        )"""
-    )
-    db.execute(
-        """CREATE TABLE app_versions (
-            id TEXT PRIMARY KEY,
-            app_id TEXT NOT NULL REFERENCES apps(id),
-            version TEXT NOT NULL,
-            seq INTEGER NOT NULL,
-            manifest TEXT NOT NULL,
-            content_hash TEXT NOT NULL,
-            created_at TEXT NOT NULL,
-            UNIQUE (app_id, version),
-            UNIQUE (app_id, seq)
-        )"""
-    )
-    db.execute(
-        """CREATE TABLE tools (
-            version_id TEXT NOT NULL REFERENCES app_versions(id),
-            name TEXT NOT NULL,
-            description TEXT NOT NULL,
-            effect TEXT NOT NULL CHECK (effect IN ('read', 'write')),
-            timeout_ms INTEGER NOT NULL,
-            language TEXT NOT NULL CHECK (language IN ('python', 'javascript', 'typescript')),
-            input_schema TEXT NOT NULL,
-            output_schema TEXT NOT NULL,
-            packages TEXT NOT NULL,
-            yaml_path TEXT NOT NULL,
-            yaml_text TEXT NOT NULL,
-            source_path TEXT NOT NULL,
-            source TEXT NOT NULL,
-            compiled_js TEXT,
-            module_format TEXT,
-            PRIMARY KEY (version_id, name)
-        )"""
-    )
-    for table in ("app_versions", "tools"):
-        for action in ("UPDATE", "DELETE"):
-            db.execute(
-                f"""CREATE TRIGGER {table}_immutable_{action.lower()}
-                BEFORE {action} ON {table}
-                BEGIN SELECT RAISE(ABORT, 'stored app versions are immutable'); END"""
-            )
-
-
-# Append only: a migration, once released, never changes.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m1_apps_and_versions]
-
-
-class Store:
-    """The database of one runnerd install. Not shared between threads without a lock."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(path), check_same_thread=False, timeout=10)
-        self.path = path
-        self.db = sqlite_utils.Database(conn)
-        self.db.execute("PRAGMA foreign_keys = ON")
-        self.db.enable_wal()
-        with contextlib.suppress(OSError):
-            os.chmod(path, 0o600)
-        self.migrate()
-
-    @classmethod
-    def in_data_dir(cls, data_dir: Path) -> Store:
-        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return cls(data_dir / DB_FILENAME)
-
-    def close(self) -> None:
-        self.db.close()
-
-    @property
-    def schema_version(self) -> int:
-        row = self.db.execute("PRAGMA user_version").fetchone()
-        return int(row[0])
-
-    def migrate(self) -> None:
-        """Apply every migration not yet applied, each in its own transaction."""
-        while (current := self.schema_version) < len(MIGRATIONS):
-            with self._write():
-                MIGRATIONS[current](self.db)
-                self.db.execute(f"PRAGMA user_version = {current + 1}")
-
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[None]:
-        """A write transaction that takes the write lock up front (BEGIN IMMEDIATE), so
-        read-then-write sequences cannot interleave with another writer."""
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self.db.conn.rollback()
-            raise
-        else:
-            self.db.execute("COMMIT")
-
+class AppsStore(StoreBase):
     # --- Apps and versions ------------------------------------------------------------------
 
-    def add_version(self, bundle: Bundle) -> VersionRecord:
+    def add_version(self, bundle: Bundle, *, workspace_id: str | None = None) -> VersionRecord:
         """Store ``bundle`` as a new immutable version of its app (created on first upload).
 
         The version string is the manifest's, else the next number in order. Raises
@@ -262,7 +94,118 @@ class Store:
 
     def get_app(self, slug: str) -> AppRecord | None:
         row = self._app_row(slug)
-        return AppRecord(**row) if row else None
+        return _app_record(row) if row else None
+
+    def list_apps(self) -> list[AppRecord]:
+        return [_app_record(r) for r in self.db.query("SELECT * FROM apps ORDER BY slug")]
+
+    def find_version(self, app_id: str, version: str) -> VersionRecord | None:
+        row = self.db.execute(
+            "SELECT id FROM app_versions WHERE app_id = ? AND version = ?", [app_id, version]
+        ).fetchone()
+        return self.get_version(row[0]) if row else None
+
+    # --- Publishing and installs ------------------------------------------------------------
+
+    def publish(self, version_id: str, user_id: str | None) -> str:
+        """Mark a version published (once; publishing again keeps the first time)."""
+        with self._write():
+            self.db.execute(
+                "INSERT OR IGNORE INTO publications VALUES (?, ?, ?)",
+                [version_id, user_id, utc_now()],
+            )
+        row = self.db.execute(
+            "SELECT published_at FROM publications WHERE version_id = ?", [version_id]
+        ).fetchone()
+        return str(row[0])
+
+    def published_at(self, version_id: str) -> str | None:
+        row = self.db.execute(
+            "SELECT published_at FROM publications WHERE version_id = ?", [version_id]
+        ).fetchone()
+        return str(row[0]) if row else None
+
+    def create_install(
+        self, workspace_id: str, app_id: str, version_id: str, user_id: str | None
+    ) -> InstallRecord:
+        """Install a version of an app into a workspace; one install per app and workspace
+        (installing again switches the existing one)."""
+        now = utc_now()
+        with self._write():
+            row = self.db.execute(
+                "SELECT id FROM installs WHERE workspace_id = ? AND app_id = ?",
+                [workspace_id, app_id],
+            ).fetchone()
+            if row is None:
+                install_id = new_id("inst")
+                self.db.execute(
+                    "INSERT INTO installs VALUES (?, ?, ?, ?, NULL, ?, ?, ?)",
+                    [install_id, workspace_id, app_id, version_id, user_id, now, now],
+                )
+            else:
+                install_id = row[0]
+                self._switch(install_id, version_id, now)
+        found = self.get_install(install_id)
+        assert found is not None
+        return found
+
+    def _switch(self, install_id: str, version_id: str, now: str) -> None:
+        self.db.execute(
+            """UPDATE installs SET previous_version_id = version_id, version_id = ?,
+               updated_at = ? WHERE id = ? AND version_id != ?""",
+            [version_id, now, install_id, version_id],
+        )
+
+    def switch_install(self, install_id: str, version_id: str) -> InstallRecord:
+        """Point the install at another version, in one transaction: every call after it
+        resolves the new version; runs already started finish on theirs."""
+        with self._write():
+            self._switch(install_id, version_id, utc_now())
+        found = self.get_install(install_id)
+        assert found is not None
+        return found
+
+    def rollback_install(self, install_id: str) -> InstallRecord | None:
+        """Swap the install back to its previous version; None if it has none."""
+        with self._write():
+            row = self.db.execute(
+                "SELECT previous_version_id FROM installs WHERE id = ?", [install_id]
+            ).fetchone()
+            if row is None or row[0] is None:
+                return None
+            self.db.execute(
+                """UPDATE installs SET version_id = previous_version_id,
+                   previous_version_id = version_id, updated_at = ? WHERE id = ?""",
+                [utc_now(), install_id],
+            )
+        return self.get_install(install_id)
+
+    def get_install(self, install_id: str) -> InstallRecord | None:
+        rows = list(self.db.query(_INSTALL_SQL + " WHERE i.id = ?", [install_id]))
+        return InstallRecord(**rows[0]) if rows else None
+
+    def list_installs(self, workspace_id: str) -> list[InstallRecord]:
+        rows = self.db.query(
+            _INSTALL_SQL + " WHERE i.workspace_id = ? ORDER BY a.slug", [workspace_id]
+        )
+        return [InstallRecord(**r) for r in rows]
+
+    def install_of_app(self, workspace_id: str, app_slug: str) -> InstallRecord | None:
+        rows = list(
+            self.db.query(
+                _INSTALL_SQL + " WHERE i.workspace_id = ? AND a.slug = ?", [workspace_id, app_slug]
+            )
+        )
+        return InstallRecord(**rows[0]) if rows else None
+
+    def installed_tools(
+        self, workspace_id: str, install_id: str | None = None
+    ) -> list[tuple[InstallRecord, ToolRecord]]:
+        """The tools of the version each install of the workspace runs."""
+        installs = self.list_installs(workspace_id)
+        if install_id is not None:
+            installs = [i for i in installs if i.id == install_id]
+        return [(i, t) for i in installs for t in self.get_tools(i.version_id)]
 
     def list_versions(self, app_id: str) -> list[VersionRecord]:
         rows = self.db.query(
@@ -310,6 +253,21 @@ class Store:
             )
         )
         return _tool_record(rows[0]) if rows else None
+
+
+_INSTALL_SQL = """SELECT i.id, i.workspace_id, i.app_id, a.slug AS app_slug, i.version_id,
+       v.version, i.previous_version_id, i.created_at, i.updated_at
+FROM installs i JOIN apps a ON a.id = i.app_id JOIN app_versions v ON v.id = i.version_id"""
+
+
+def _app_record(row: dict[str, Any]) -> AppRecord:
+    return AppRecord(
+        id=row["id"],
+        slug=row["slug"],
+        name=row["name"],
+        created_at=row["created_at"],
+        workspace_id=row.get("workspace_id"),
+    )
 
 
 def _tool_row(version_id: str, tool: Tool) -> dict[str, Any]:

@@ -1,0 +1,145 @@
+"""Workspaces, people, memberships and API keys."""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+import msgspec
+
+from runnerd.store.core import StoreBase
+from runnerd.store.records import (
+    KeyRecord,
+    MembershipRecord,
+    UserRecord,
+    WorkspaceRecord,
+    hash_key,
+    new_id,
+    utc_now,
+)
+
+
+class PeopleStore(StoreBase):
+    # --- People and keys --------------------------------------------------------------------
+
+    def create_workspace(self, name: str) -> WorkspaceRecord:
+        record = WorkspaceRecord(id=new_id("ws"), name=name, created_at=utc_now())
+        with self._write():
+            self.db.table("workspaces").insert(msgspec.structs.asdict(record))
+        return record
+
+    def get_workspace(self, workspace_id: str) -> WorkspaceRecord | None:
+        rows = list(self.db.query("SELECT * FROM workspaces WHERE id = ?", [workspace_id]))
+        return WorkspaceRecord(**rows[0]) if rows else None
+
+    def ensure_user(self, email: str, name: str | None = None) -> UserRecord:
+        """The user with this email, created if new."""
+        with self._write():
+            rows = list(self.db.query("SELECT * FROM users WHERE email = ?", [email]))
+            if not rows:
+                record = UserRecord(id=new_id("usr"), email=email, name=name, created_at=utc_now())
+                self.db.table("users").insert(msgspec.structs.asdict(record))
+                return record
+        return UserRecord(**rows[0])
+
+    def get_user(self, user_id: str) -> UserRecord | None:
+        rows = list(self.db.query("SELECT * FROM users WHERE id = ?", [user_id]))
+        return UserRecord(**rows[0]) if rows else None
+
+    def set_membership(
+        self,
+        workspace_id: str,
+        user_id: str,
+        *,
+        role: str | None = None,
+        apps_access: bool | None = None,
+    ) -> MembershipRecord:
+        """Add a person to a workspace, or change their role or Apps-module access."""
+        with self._write():
+            current = self.membership(workspace_id, user_id)
+            new_role = role or (current.role if current else "member")
+            access = (
+                apps_access
+                if apps_access is not None
+                else (current.apps_access if current else False)
+            )
+            self.db.execute(
+                """INSERT INTO memberships VALUES (?, ?, ?, ?, ?)
+                   ON CONFLICT (workspace_id, user_id)
+                   DO UPDATE SET role = excluded.role, apps_access = excluded.apps_access""",
+                [workspace_id, user_id, new_role, int(access), utc_now()],
+            )
+        found = self.membership(workspace_id, user_id)
+        assert found is not None
+        return found
+
+    def membership(self, workspace_id: str, user_id: str) -> MembershipRecord | None:
+        row = self.db.execute(
+            "SELECT role, apps_access FROM memberships WHERE workspace_id = ? AND user_id = ?",
+            [workspace_id, user_id],
+        ).fetchone()
+        if row is None:
+            return None
+        return MembershipRecord(workspace_id, user_id, row[0], bool(row[1]))
+
+    def create_key(
+        self,
+        *,
+        kind: str,
+        user_id: str | None = None,
+        workspace_id: str | None = None,
+        scopes: tuple[str, ...] = (),
+        name: str = "",
+    ) -> tuple[KeyRecord, str]:
+        """A new API key; returns the record and the plaintext, which is never stored."""
+        plaintext = f"rk_{kind[0]}_{secrets.token_urlsafe(30)}"
+        record = KeyRecord(
+            id=new_id("key"),
+            kind=kind,
+            user_id=user_id,
+            workspace_id=workspace_id,
+            scopes=scopes,
+            name=name,
+            prefix=plaintext[:10],
+            created_at=utc_now(),
+        )
+        with self._write():
+            self.db.table("api_keys").insert(
+                {
+                    **msgspec.structs.asdict(record),
+                    "scopes": json.dumps(list(scopes)),
+                    "key_hash": hash_key(plaintext),
+                    "revoked_at": None,
+                }
+            )
+        return record, plaintext
+
+    def find_key(self, plaintext: str) -> KeyRecord | None:
+        """The live key whose hash matches, or None."""
+        rows = list(
+            self.db.query(
+                "SELECT * FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL",
+                [hash_key(plaintext)],
+            )
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        return KeyRecord(
+            id=row["id"],
+            kind=row["kind"],
+            user_id=row["user_id"],
+            workspace_id=row["workspace_id"],
+            scopes=tuple(json.loads(row["scopes"])),
+            name=row["name"],
+            prefix=row["prefix"],
+            created_at=row["created_at"],
+        )
+
+    def revoke_key(self, key_id: str) -> bool:
+        with self._write():
+            cur = self.db.execute(
+                "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+                [utc_now(), key_id],
+            )
+        return bool(cur.rowcount)
