@@ -1,4 +1,4 @@
-"""The app lifecycle. For now: upload, the function a deploy calls."""
+"""The app lifecycle's checks: what a deploy runs before it stores a version."""
 
 from __future__ import annotations
 
@@ -10,22 +10,17 @@ from runnerd.errors import BundleRejected, Problem
 from runnerd.store import Store, VersionRecord
 from runnerd.toolchain import Toolchain
 
-__all__ = ["upload_version"]
+__all__ = ["check_upload", "upload_version"]
 
 
-def upload_version(
-    store: Store,
-    files: Mapping[str, bytes],
-    *,
-    toolchain: Toolchain | None,
-    envs: EnvManager | None = None,
-) -> tuple[VersionRecord, Bundle]:
-    """Check the uploaded ``files`` and store them as a new immutable version, all or nothing.
+def check_upload(
+    files: Mapping[str, bytes], *, toolchain: Toolchain | None, envs: EnvManager | None
+) -> Bundle:
+    """Every check of an upload, and the package environments its tools need, built so
+    the first call does not pay for them. Touches no database (safe in a worker thread).
 
-    With ``envs``, every package environment the tools need is built first, so the first
-    call does not pay for it; an install failure refuses the upload with the installer's
-    message. Raises BundleRejected (with every problem) or VersionExists; in both cases
-    the store is unchanged.
+    Raises BundleRejected with every problem; an install failure is a problem of the
+    tool file, with the installer's own message.
     """
     bundle = load_bundle(files, toolchain=toolchain)
     if envs is not None:
@@ -39,4 +34,21 @@ def upload_version(
                 problems.append(Problem(tool.yaml_path, f"packages: the install failed: {exc}"))
         if problems:
             raise BundleRejected(problems)
-    return store.add_version(bundle), bundle
+    return bundle
+
+
+def upload_version(
+    store: Store,
+    files: Mapping[str, bytes],
+    *,
+    toolchain: Toolchain | None,
+    envs: EnvManager | None = None,
+    workspace_id: str | None = None,
+) -> tuple[VersionRecord, Bundle]:
+    """Check the uploaded ``files`` and store them as a new immutable version, all or nothing.
+
+    Raises BundleRejected (with every problem) or VersionExists; in both cases the store
+    is unchanged.
+    """
+    bundle = check_upload(files, toolchain=toolchain, envs=envs)
+    return store.add_version(bundle, workspace_id=workspace_id), bundle

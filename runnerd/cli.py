@@ -19,6 +19,7 @@ import msgspec
 
 from runnerd import __version__
 from runnerd.bundle import Bundle, load_bundle, read_app_dir
+from runnerd.cli_daemon import register
 from runnerd.config import ConfigError, Settings, load_settings
 from runnerd.constants import MANIFEST_NAME, SOURCE_LANGUAGES, TOOL_SUFFIX
 from runnerd.engine import Engine, build_engine
@@ -375,6 +376,13 @@ def _parser() -> argparse.ArgumentParser:
     tc.add_parser("status", parents=[common], help="show Node and the toolchain").set_defaults(
         func=cmd_toolchain_status
     )
+
+    def group_parser(name: str, text: str) -> Any:
+        return groups.add_parser(name, help=text).add_subparsers(
+            dest="command", required=True, metavar="COMMAND"
+        )
+
+    register(groups, common, app, group_parser)
     return parser
 
 

@@ -49,6 +49,13 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # install time, so both are off unless a package needs them.
     npm_install_scripts: bool = False
     pypi_source_builds: bool = False
+    # Admission: runs at once, and calls that may wait for a slot before 503.
+    max_concurrent_runs: int = 8
+    max_queued_runs: int = 64
+    # Rate limit per API key: a token bucket refilled at rate_limit_per_second.
+    rate_limit_per_second: float = 20.0
+    rate_limit_burst: int = 40
+    log_level: str = "info"
 
     @property
     def toolchain_path(self) -> Path:

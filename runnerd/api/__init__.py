@@ -1,0 +1,1 @@
+"""The HTTP API (starlette): routes, the error envelope, access and load limits."""

@@ -1,0 +1,162 @@
+"""The daemon's ASGI app: routes from the op table, resources in the lifespan, and one
+error path for everything that goes wrong."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import traceback
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from runnerd import __version__
+from runnerd.api import apps as apps_ops
+from runnerd.api import tools as tools_ops
+from runnerd.api.errors import CODES, ApiError, error_response, from_domain
+from runnerd.api.limits import RateLimiter, RunGate
+from runnerd.api.openapi import openapi_document
+from runnerd.api.ops import Op, json_response
+from runnerd.api.state import AppState
+from runnerd.api.wire import Health
+from runnerd.config import Settings
+from runnerd.engine import build_engine
+from runnerd.store import Store
+
+__all__ = ["OPS", "create_app"]
+
+log = logging.getLogger("runnerd")
+
+
+async def healthz(request: Request, state: AppState) -> Response:
+    return json_response(Health(status="ok"))
+
+
+async def readyz(request: Request, state: AppState) -> Response:
+    checks: dict[str, str] = {}
+    try:
+        state.store.db.execute("SELECT 1").fetchone()
+        checks["store"] = "ok"
+    except Exception as exc:
+        checks["store"] = f"error: {type(exc).__name__}"
+    nsjail = state.engine.sandbox.nsjail
+    checks["nsjail"] = "ok" if os.access(nsjail, os.X_OK) else f"missing: {nsjail}"
+    rt = state.engine.runtimes
+    checks["python"] = rt.python.version if rt.python else "missing"
+    checks["node"] = rt.node.version if rt.node else "missing"
+    checks["cgroups"] = state.engine.cgroups.mode
+    ready = (
+        checks["store"] == "ok"
+        and checks["nsjail"] == "ok"
+        and (rt.python is not None or rt.node is not None)
+    )
+    if not ready:
+        raise ApiError("SERVICE_UNAVAILABLE", "not ready", details={"checks": checks})
+    return json_response(Health(status="ready", checks=checks))
+
+
+async def openapi(request: Request, state: AppState) -> Response:
+    return json_response(openapi_document())
+
+
+OPS: list[Op] = [
+    *tools_ops.OPS,
+    *apps_ops.OPS,
+    Op("GET", "/healthz", "healthz", "Alive", healthz, Health, errors=(500,), authenticated=False),
+    Op(
+        "GET",
+        "/readyz",
+        "readyz",
+        "Ready: store open, nsjail usable, a runtime found",
+        readyz,
+        Health,
+        errors=(500, 503),
+        authenticated=False,
+    ),
+    Op(
+        "GET",
+        "/api/v2/openapi.json",
+        "openapi",
+        "This API's OpenAPI document",
+        openapi,
+        None,
+        errors=(500,),
+        authenticated=False,
+    ),
+]
+
+
+def _endpoint(op: Op) -> Any:
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await op.handler(request, request.app.state.runnerd)
+        except ApiError as exc:
+            return error_response(exc)
+        except Exception as exc:
+            return _unexpected(request, exc)
+
+    endpoint.__name__ = op.operation_id
+    return endpoint
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = next((c for c, (status, _) in CODES.items() if status == exc.status_code), "BAD_REQUEST")
+    headers = dict(exc.headers or {})
+    error = ApiError(code, headers=headers)
+    return error_response(error)
+
+
+def _unexpected(request: Request, exc: Exception) -> Response:
+    mapped = from_domain(exc)
+    if mapped is not None:
+        return error_response(mapped)
+    # The message may quote an input or a secret: log the type and where, never the text.
+    where = "".join(traceback.format_tb(exc.__traceback__))
+    log.error(
+        "internal error %s on %s %s\n%s",
+        type(exc).__name__,
+        request.method,
+        request.url.path,
+        where,
+    )
+    return error_response(ApiError("INTERNAL_ERROR"))
+
+
+def create_app(settings: Settings) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        engine = build_engine(settings)
+        for line in engine.report():
+            log.info("%s", line)
+        store = Store.in_data_dir(settings.data_dir)
+        app.state.runnerd = AppState(
+            settings=settings,
+            store=store,
+            engine=engine,
+            limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
+            gate=RunGate(settings.max_concurrent_runs, settings.max_queued_runs),
+        )
+        log.info("runnerd %s serving data dir %s", __version__, settings.data_dir)
+        try:
+            yield
+        finally:
+            store.close()
+
+    routes = [Route(op.path, _endpoint(op), methods=[op.method]) for op in OPS]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error},
+    )

@@ -1,0 +1,313 @@
+"""App lifecycle endpoints: deploy, list, publish, install, switch, roll back.
+
+Builders deploy and publish (in the workspace that owns the app); admins install and
+switch. Tool source and compiled code are never returned by any endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runnerd.api.auth import authenticate
+from runnerd.api.errors import ApiError
+from runnerd.api.ops import Op, Param, json_response, read_body
+from runnerd.api.state import AppState
+from runnerd.api.tools import WORKSPACE, query_param
+from runnerd.api.wire import (
+    AppInfo,
+    AppList,
+    DeployBody,
+    DeployResult,
+    InstallBody,
+    InstallInfo,
+    InstallList,
+    Problem,
+    SwitchBody,
+    VersionInfo,
+)
+from runnerd.apps import check_upload
+from runnerd.constants import (
+    MAX_MANIFEST_BYTES,
+    MAX_SOURCE_BYTES,
+    MAX_TOOL_YAML_BYTES,
+    MAX_TOOLS_PER_APP,
+)
+from runnerd.store import AppRecord, InstallRecord, Store, VersionRecord
+
+__all__ = ["OPS"]
+
+# The largest legal bundle, base64-encoded, and some room for JSON.
+DEPLOY_LIMIT = (
+    MAX_MANIFEST_BYTES + MAX_TOOLS_PER_APP * (MAX_SOURCE_BYTES + MAX_TOOL_YAML_BYTES)
+) * 4 // 3 + 1024 * 1024
+SMALL_BODY = 16 * 1024
+
+
+def _version_info(store: Store, v: VersionRecord) -> VersionInfo:
+    return VersionInfo(
+        app_id=v.app_id,
+        app_slug=v.app_slug,
+        version_id=v.id,
+        version=v.version,
+        content_hash=v.content_hash,
+        created_at=v.created_at,
+        tools=list(v.tool_names),
+        published_at=store.published_at(v.id),
+    )
+
+
+def _install_info(i: InstallRecord) -> InstallInfo:
+    return InstallInfo(
+        install_id=i.id,
+        workspace_id=i.workspace_id,
+        app_id=i.app_id,
+        app_slug=i.app_slug,
+        version_id=i.version_id,
+        version=i.version,
+        previous_version_id=i.previous_version_id,
+        created_at=i.created_at,
+        updated_at=i.updated_at,
+    )
+
+
+def _owned_app(store: Store, slug: str, workspace_id: str) -> AppRecord:
+    app = store.get_app(slug)
+    if app is None:
+        raise ApiError("NOT_FOUND", f"No app {slug!r}", details={"code": "APP_NOT_FOUND"})
+    if app.workspace_id not in (None, workspace_id):
+        raise ApiError.forbidden(
+            "APP_OWNED_BY_ANOTHER_WORKSPACE", f"app {slug!r} belongs to another workspace"
+        )
+    return app
+
+
+def _published_version(store: Store, slug: str, version: str) -> VersionRecord:
+    app = store.get_app(slug)
+    found = store.find_version(app.id, version) if app else None
+    if found is None:
+        raise ApiError(
+            "NOT_FOUND",
+            f"No version {version!r} of app {slug!r}",
+            details={"code": "VERSION_NOT_FOUND"},
+        )
+    if store.published_at(found.id) is None:
+        raise ApiError(
+            "BAD_REQUEST",
+            f"version {version!r} of {slug!r} is not published",
+            details={"code": "VERSION_NOT_PUBLISHED"},
+        )
+    return found
+
+
+async def deploy(request: Request, state: AppState) -> Response:
+    workspace_id = query_param(request, WORKSPACE)
+    assert workspace_id is not None
+    caller = authenticate(request, state.store)
+    caller.need_scope("apps:write")
+    state.limiter.take(caller.key.id)
+    caller.member(state.store, workspace_id, role="builder")
+    body = await read_body(request, DeployBody, DEPLOY_LIMIT)
+    try:
+        files = {path: base64.b64decode(data, validate=True) for path, data in body.files.items()}
+    except (binascii.Error, ValueError):
+        raise ApiError(
+            "BAD_REQUEST", "every file must be base64", details={"code": "INVALID_BODY"}
+        ) from None
+    engine = state.engine
+    # Compiling, checking and building package envs is slow work: off the event loop.
+    bundle = await asyncio.to_thread(
+        check_upload, files, toolchain=engine.toolchain, envs=engine.envs
+    )
+    existing = state.store.get_app(bundle.manifest.slug)
+    if existing is not None:
+        _owned_app(state.store, existing.slug, workspace_id)
+    version = state.store.add_version(bundle, workspace_id=workspace_id)
+    warnings = [Problem(file=w.file, message=w.message, line=w.line) for w in bundle.warnings]
+    return json_response(
+        DeployResult(version=_version_info(state.store, version), warnings=warnings), status=201
+    )
+
+
+async def list_apps(request: Request, state: AppState) -> Response:
+    workspace_id = query_param(request, WORKSPACE)
+    assert workspace_id is not None
+    caller = authenticate(request, state.store)
+    caller.need_scope("api:read")
+    state.limiter.take(caller.key.id)
+    caller.member(state.store, workspace_id, role="viewer")
+    store = state.store
+    data = [
+        AppInfo(
+            app_id=a.id,
+            app_slug=a.slug,
+            name=a.name,
+            workspace_id=a.workspace_id,
+            versions=[
+                _version_info(store, v)
+                for v in store.list_versions(a.id)
+                if a.workspace_id == workspace_id or store.published_at(v.id)
+            ],
+        )
+        for a in store.list_apps()
+    ]
+    return json_response(AppList(data=[a for a in data if a.versions]))
+
+
+async def publish(request: Request, state: AppState) -> Response:
+    workspace_id = query_param(request, WORKSPACE)
+    assert workspace_id is not None
+    caller = authenticate(request, state.store)
+    caller.need_scope("apps:write")
+    state.limiter.take(caller.key.id)
+    caller.member(state.store, workspace_id, role="builder")
+    app = _owned_app(state.store, request.path_params["appSlug"], workspace_id)
+    version = state.store.find_version(app.id, request.path_params["version"])
+    if version is None:
+        raise ApiError("NOT_FOUND", "No such version", details={"code": "VERSION_NOT_FOUND"})
+    state.store.publish(version.id, caller.user_id)
+    return json_response(_version_info(state.store, version))
+
+
+async def list_installs(request: Request, state: AppState) -> Response:
+    workspace_id = query_param(request, WORKSPACE)
+    assert workspace_id is not None
+    caller = authenticate(request, state.store)
+    caller.need_scope("api:read")
+    state.limiter.take(caller.key.id)
+    caller.member(state.store, workspace_id, role="viewer")
+    installs = state.store.list_installs(workspace_id)
+    return json_response(InstallList(data=[_install_info(i) for i in installs]))
+
+
+def _admin(request: Request, state: AppState, workspace_id: str) -> str | None:
+    caller = authenticate(request, state.store)
+    user_id = caller.need_person()
+    caller.need_scope("apps:write")
+    state.limiter.take(caller.key.id)
+    caller.member(state.store, workspace_id, role="admin")
+    return user_id
+
+
+async def create_install(request: Request, state: AppState) -> Response:
+    workspace_id = query_param(request, WORKSPACE)
+    assert workspace_id is not None
+    user_id = _admin(request, state, workspace_id)
+    body = await read_body(request, InstallBody, SMALL_BODY)
+    version = _published_version(state.store, body.app_slug, body.version)
+    install = state.store.create_install(workspace_id, version.app_id, version.id, user_id)
+    return json_response(_install_info(install), status=201)
+
+
+def _install_for_admin(request: Request, state: AppState) -> InstallRecord:
+    install = state.store.get_install(request.path_params["installId"])
+    if install is None:
+        raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
+    _admin(request, state, install.workspace_id)
+    return install
+
+
+async def switch_install(request: Request, state: AppState) -> Response:
+    install = _install_for_admin(request, state)
+    body = await read_body(request, SwitchBody, SMALL_BODY)
+    version = _published_version(state.store, install.app_slug, body.version)
+    return json_response(_install_info(state.store.switch_install(install.id, version.id)))
+
+
+async def rollback_install(request: Request, state: AppState) -> Response:
+    install = _install_for_admin(request, state)
+    rolled = state.store.rollback_install(install.id)
+    if rolled is None:
+        raise ApiError(
+            "BAD_REQUEST",
+            "the install has no previous version to roll back to",
+            details={"code": "NO_PREVIOUS_VERSION"},
+        )
+    return json_response(_install_info(rolled))
+
+
+_INSTALL_ID = Param("installId", "The install.", required=True, max_length=64, where="path")
+_SLUG = Param("appSlug", "The app's slug.", required=True, max_length=64, where="path")
+
+OPS = [
+    Op(
+        "POST",
+        "/api/v2/apps/deploy",
+        "deployApp",
+        "Deploy an app bundle as a new version",
+        deploy,
+        DeployResult,
+        status=201,
+        body=DeployBody,
+        params=(WORKSPACE,),
+        errors=(400, 401, 403, 409, 429, 500),
+        description="Uploads the manifest and the files its tools globs name. Every check "
+        "runs first; any problem refuses the whole upload (400, details.problems "
+        "lists every one with file and line) and stores nothing.",
+    ),
+    Op(
+        "GET",
+        "/api/v2/apps",
+        "listApps",
+        "List apps and their versions",
+        list_apps,
+        AppList,
+        params=(WORKSPACE,),
+    ),
+    Op(
+        "POST",
+        "/api/v2/apps/{appSlug}/versions/{version}/publish",
+        "publishVersion",
+        "Publish a version, so workspaces can install it",
+        publish,
+        VersionInfo,
+        params=(
+            WORKSPACE,
+            _SLUG,
+            Param("version", "The version string.", required=True, max_length=64, where="path"),
+        ),
+    ),
+    Op(
+        "GET",
+        "/api/v2/apps/installs",
+        "listInstalls",
+        "List the workspace's installs",
+        list_installs,
+        InstallList,
+        params=(WORKSPACE,),
+    ),
+    Op(
+        "POST",
+        "/api/v2/apps/installs",
+        "installApp",
+        "Install a published version into the workspace",
+        create_install,
+        InstallInfo,
+        status=201,
+        body=InstallBody,
+        params=(WORKSPACE,),
+    ),
+    Op(
+        "POST",
+        "/api/v2/apps/installs/{installId}/switch",
+        "switchInstall",
+        "Switch an install to another published version",
+        switch_install,
+        InstallInfo,
+        body=SwitchBody,
+        params=(_INSTALL_ID,),
+    ),
+    Op(
+        "POST",
+        "/api/v2/apps/installs/{installId}/rollback",
+        "rollbackInstall",
+        "Roll an install back to its previous version",
+        rollback_install,
+        InstallInfo,
+        params=(_INSTALL_ID,),
+    ),
+]

@@ -1,0 +1,103 @@
+"""The OpenAPI 3.1 document, generated from the op table and the wire types.
+
+``runnerd openapi > schemas/openapi.json`` writes the checked-in copy; a test proves it
+equals what the server serves.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import msgspec
+
+from runnerd import __version__
+from runnerd.api.wire import ErrorEnvelope
+
+__all__ = ["openapi_document"]
+
+_REF = "#/components/schemas/{name}"
+_STATUS_TEXT = {
+    200: "OK",
+    201: "Created",
+    400: "Bad request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not found",
+    409: "Conflict",
+    429: "Rate limited",
+    500: "Internal error",
+    503: "Service unavailable",
+}
+
+
+@functools.cache
+def openapi_document() -> dict[str, Any]:
+    from runnerd.api.app import OPS
+
+    types = {op.response for op in OPS if op.response} | {op.body for op in OPS if op.body}
+    types.add(ErrorEnvelope)
+    ordered = sorted(types, key=lambda t: t.__name__)
+    schemas, components = msgspec.json.schema_components(ordered, ref_template=_REF)
+    ref = dict(zip(ordered, schemas, strict=True))
+    error = {"application/json": {"schema": ref[ErrorEnvelope]}}
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPS:
+        operation: dict[str, Any] = {
+            "operationId": op.operation_id,
+            "summary": op.summary,
+            "parameters": [
+                {
+                    "name": p.name,
+                    "in": p.where,
+                    "required": p.required or p.where == "path",
+                    "description": p.description,
+                    "schema": {
+                        "type": "string",
+                        "minLength": p.min_length,
+                        "maxLength": p.max_length,
+                    },
+                }
+                for p in op.params
+            ],
+            "responses": {},
+        }
+        if op.description:
+            operation["description"] = op.description
+        if op.body is not None:
+            operation["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": ref[op.body]}},
+            }
+        ok: dict[str, Any] = {"description": _STATUS_TEXT.get(op.status, "OK")}
+        if op.response is not None:
+            ok["content"] = {"application/json": {"schema": ref[op.response]}}
+        else:
+            ok["content"] = {"application/json": {"schema": {"type": "object"}}}
+        operation["responses"][str(op.status)] = ok
+        for status in op.errors:
+            response: dict[str, Any] = {"description": _STATUS_TEXT[status], "content": error}
+            if status in (429, 503):
+                response["headers"] = {
+                    "Retry-After": {
+                        "description": "Seconds to wait before trying again",
+                        "schema": {"type": "string"},
+                    }
+                }
+            operation["responses"][str(status)] = response
+        operation["security"] = [{"apiKey": []}] if op.authenticated else []
+        paths.setdefault(op.path, {})[op.method.lower()] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "runnerd",
+            "version": __version__,
+            "description": "Self-hosted runner for code tools. Every error uses the "
+            'envelope {"error": {"code", "message", "details"?}}.',
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}},
+        },
+    }

@@ -1,0 +1,78 @@
+"""The route table: each operation's method, path, handler, wire types and errors.
+
+The Starlette routes and the OpenAPI document are both built from this one table, so
+the served API and its description cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runnerd.api.errors import ApiError
+
+if TYPE_CHECKING:
+    from runnerd.api.state import AppState
+
+__all__ = ["Op", "Param", "json_response", "read_body"]
+
+Handler = Callable[[Request, "AppState"], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    description: str
+    required: bool = False
+    min_length: int = 1
+    max_length: int = 128
+    where: str = "query"  # query | path
+
+
+@dataclass(frozen=True)
+class Op:
+    method: str
+    path: str
+    operation_id: str
+    summary: str
+    handler: Handler
+    response: type | None
+    status: int = 200
+    body: type | None = None
+    params: tuple[Param, ...] = ()
+    errors: tuple[int, ...] = (400, 401, 403, 404, 429, 500)
+    authenticated: bool = True
+    extra_responses: dict[int, type] = field(default_factory=dict)
+    description: str = ""
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(value), status_code=status, media_type="application/json")
+
+
+async def read_body(request: Request, kind: type[Any], limit: int) -> Any:
+    """The request body decoded as ``kind``; 400 when too large or not that shape."""
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise ApiError(
+                "BAD_REQUEST",
+                f"request body is larger than {limit:,} bytes",
+                details={"code": "BODY_TOO_LARGE"},
+            )
+    try:
+        return msgspec.json.decode(bytes(data), type=kind)
+    except msgspec.ValidationError as exc:
+        raise ApiError(
+            "BAD_REQUEST", f"invalid request body: {exc}", details={"code": "INVALID_BODY"}
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(
+            "BAD_REQUEST", f"request body is not JSON: {exc}", details={"code": "INVALID_BODY"}
+        ) from None

@@ -1,0 +1,21 @@
+"""What the daemon holds while it serves: settings, store, run engine, load limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runnerd.api.limits import RateLimiter, RunGate
+from runnerd.config import Settings
+from runnerd.engine import Engine
+from runnerd.store import Store
+
+__all__ = ["AppState"]
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    store: Store
+    engine: Engine
+    limiter: RateLimiter
+    gate: RunGate

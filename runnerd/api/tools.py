@@ -1,0 +1,210 @@
+"""The two seed endpoints: list the tools of a workspace's installs, and run one."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runnerd.api.auth import Caller, authenticate
+from runnerd.api.errors import ApiError
+from runnerd.api.ops import Op, Param, json_response, read_body
+from runnerd.api.state import AppState
+from runnerd.api.wire import RunBody, RunResponse, ToolInfo, ToolList
+from runnerd.constants import MAX_INPUT_BYTES
+from runnerd.runs import tool_key
+from runnerd.store import InstallRecord
+
+__all__ = ["OPS", "query_param"]
+
+WORKSPACE = Param(
+    "workspaceId", "Workspace the request is authorized against.", required=True, max_length=128
+)
+INSTALL = Param("installId", "Only the tools of this install.", max_length=64)
+# A run body is the input (256 KB) plus a little: anything far larger is refused unread.
+RUN_BODY_LIMIT = MAX_INPUT_BYTES * 2 + 4096
+
+
+def query_param(request: Request, param: Param) -> str | None:
+    value = request.query_params.get(param.name)
+    if value is None:
+        if param.required:
+            raise ApiError(
+                "BAD_REQUEST",
+                f"{param.name} is required",
+                details={"code": "INVALID_QUERY", "field": param.name},
+            )
+        return None
+    if not param.min_length <= len(value) <= param.max_length:
+        raise ApiError(
+            "BAD_REQUEST",
+            f"{param.name} must be {param.min_length} to {param.max_length} characters",
+            details={"code": "INVALID_QUERY", "field": param.name},
+        )
+    return value
+
+
+async def list_tools(request: Request, state: AppState) -> Response:
+    workspace_id = query_param(request, WORKSPACE)
+    install_id = query_param(request, INSTALL)
+    assert workspace_id is not None
+    caller = authenticate(request, state.store)
+    caller.need_person()
+    caller.need_scope("api:read")
+    state.limiter.take(caller.key.id)
+    caller.member(state.store, workspace_id, role="viewer")
+    if install_id is not None:
+        install = state.store.get_install(install_id)
+        if install is None or install.workspace_id != workspace_id:
+            raise ApiError(
+                "NOT_FOUND",
+                "No such install in this workspace",
+                details={"code": "INSTALL_NOT_FOUND"},
+            )
+    data = [
+        ToolInfo(
+            reference=f"{install.app_slug}/{tool.name}",
+            name=tool.name,
+            description=tool.description,
+            effect=tool.effect,  # type: ignore[arg-type]
+            language=tool.language,  # type: ignore[arg-type]
+            input_schema=tool.input_schema,
+            output_schema=tool.output_schema,
+            timeout_ms=tool.timeout_ms,
+            app_id=install.app_id,
+            app_slug=install.app_slug,
+            install_id=install.id,
+            version_id=install.version_id,
+            version=install.version,
+        )
+        for install, tool in state.store.installed_tools(workspace_id, install_id)
+    ]
+    return json_response(ToolList(data=data, next_cursor=None))
+
+
+async def _run(
+    request: Request,
+    state: AppState,
+    caller: Caller,
+    install: InstallRecord,
+    tool_name: str,
+    body: RunBody,
+) -> Response:
+    """Run ``tool_name`` of ``install`` for ``caller``: the common part of both routes."""
+    store = state.store
+    user_id = caller.need_person()
+    caller.member(store, install.workspace_id, role="member")
+    tool = store.get_tool(install.version_id, tool_name)
+    if tool is None:
+        raise ApiError(
+            "NOT_FOUND",
+            f"The installed version has no tool {tool_name!r}",
+            details={"code": "TOOL_NOT_FOUND"},
+        )
+    runner = state.engine.runner
+    runner.check_input(tool, body.input, key=tool_key(tool, install.version_id))
+    async with state.gate.admit():
+        run_id = store.start_run(
+            install=install,
+            tool=tool.name,
+            user_id=user_id,
+            surface=body.surface,
+            workflow_run_id=body.workflow_run_id,
+        )
+        result = await runner.run(tool, body.input, version_id=install.version_id)
+        store.finish_run(run_id, status=result.status, duration_ms=result.duration_ms)
+    return json_response(
+        RunResponse(
+            run_id=run_id,
+            status=result.status,  # type: ignore[arg-type]
+            output=result.output,
+            error=result.error,
+            duration_ms=result.duration_ms,
+        )
+    )
+
+
+def _caller_for_run(request: Request, state: AppState) -> Caller:
+    caller = authenticate(request, state.store)
+    caller.need_person()
+    caller.need_scope("tools:run")
+    state.limiter.take(caller.key.id)
+    return caller
+
+
+async def run_tool(request: Request, state: AppState) -> Response:
+    caller = _caller_for_run(request, state)
+    install = state.store.get_install(request.path_params["installId"])
+    if install is None or (
+        caller.user_id is not None
+        and state.store.membership(install.workspace_id, caller.user_id) is None
+    ):
+        raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
+    body = await read_body(request, RunBody, RUN_BODY_LIMIT)
+    return await _run(request, state, caller, install, request.path_params["toolName"], body)
+
+
+async def run_by_reference(request: Request, state: AppState) -> Response:
+    workspace_id = query_param(request, WORKSPACE)
+    assert workspace_id is not None
+    caller = _caller_for_run(request, state)
+    caller.member(state.store, workspace_id, role="member")
+    install = state.store.install_of_app(workspace_id, request.path_params["appSlug"])
+    if install is None:
+        raise ApiError(
+            "NOT_FOUND",
+            "The workspace has no install of this app",
+            details={"code": "INSTALL_NOT_FOUND"},
+        )
+    body = await read_body(request, RunBody, RUN_BODY_LIMIT)
+    return await _run(request, state, caller, install, request.path_params["toolName"], body)
+
+
+OPS = [
+    Op(
+        "GET",
+        "/api/v2/apps/tools",
+        "listAppTools",
+        "List App Tools",
+        list_tools,
+        ToolList,
+        params=(WORKSPACE, INSTALL),
+        description="The code tools the workspace's installed apps ship, at the version "
+        "each install runs, with their input and output schemas. Requires read "
+        "access and the Apps module. Returns the complete set in one page; "
+        "nextCursor is always null. Workspace API keys return 403.",
+    ),
+    Op(
+        "POST",
+        "/api/v2/apps/installs/{installId}/tools/{toolName}/run",
+        "runTool",
+        "Run a tool of an install",
+        run_tool,
+        RunResponse,
+        body=RunBody,
+        params=(
+            Param("installId", "The install.", required=True, max_length=64, where="path"),
+            Param("toolName", "The tool's name.", required=True, max_length=40, where="path"),
+        ),
+        errors=(400, 401, 403, 404, 429, 500, 503),
+        description="Runs the tool once in a fresh sandbox. Answers 200 for every run that "
+        "started, whatever its status; refusals before the start are errors. "
+        "Workspace API keys return 403.",
+    ),
+    Op(
+        "POST",
+        "/api/v2/apps/tools/{appSlug}/{toolName}/run",
+        "runToolByReference",
+        "Run a tool by its reference (app-slug/tool_name)",
+        run_by_reference,
+        RunResponse,
+        body=RunBody,
+        params=(
+            WORKSPACE,
+            Param("appSlug", "The app's slug.", required=True, max_length=64, where="path"),
+            Param("toolName", "The tool's name.", required=True, max_length=40, where="path"),
+        ),
+        errors=(400, 401, 403, 404, 429, 500, 503),
+        description="The same call by reference, as the workflow App Tool block makes it; "
+        "pass workflowRunId when a workflow run calls it.",
+    ),
+]
