@@ -13,7 +13,7 @@ import binascii
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runnerd.api.auth import authenticate
+from runnerd.api.auth import caller_of
 from runnerd.api.errors import ApiError
 from runnerd.api.ops import Op, Param, json_response, read_body
 from runnerd.api.state import AppState
@@ -107,9 +107,7 @@ def _published_version(store: Store, slug: str, version: str) -> VersionRecord:
 async def deploy(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
-    caller = authenticate(request, state.store)
-    caller.need_scope("apps:write")
-    state.limiter.take(caller.key.id)
+    caller = caller_of(request, state, "apps:write")
     caller.member(state.store, workspace_id, role="builder")
     body = await read_body(request, DeployBody, DEPLOY_LIMIT)
     try:
@@ -136,9 +134,7 @@ async def deploy(request: Request, state: AppState) -> Response:
 async def list_apps(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
-    caller = authenticate(request, state.store)
-    caller.need_scope("api:read")
-    state.limiter.take(caller.key.id)
+    caller = caller_of(request, state, "api:read")
     caller.member(state.store, workspace_id, role="viewer")
     store = state.store
     data = [
@@ -161,9 +157,7 @@ async def list_apps(request: Request, state: AppState) -> Response:
 async def publish(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
-    caller = authenticate(request, state.store)
-    caller.need_scope("apps:write")
-    state.limiter.take(caller.key.id)
+    caller = caller_of(request, state, "apps:write")
     caller.member(state.store, workspace_id, role="builder")
     app = _owned_app(state.store, request.path_params["appSlug"], workspace_id)
     version = state.store.find_version(app.id, request.path_params["version"])
@@ -176,27 +170,18 @@ async def publish(request: Request, state: AppState) -> Response:
 async def list_installs(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
-    caller = authenticate(request, state.store)
-    caller.need_scope("api:read")
-    state.limiter.take(caller.key.id)
+    caller = caller_of(request, state, "api:read")
     caller.member(state.store, workspace_id, role="viewer")
     installs = state.store.list_installs(workspace_id)
     return json_response(InstallList(data=[_install_info(i) for i in installs]))
 
 
-def _admin(request: Request, state: AppState, workspace_id: str) -> str | None:
-    caller = authenticate(request, state.store)
-    user_id = caller.need_person()
-    caller.need_scope("apps:write")
-    state.limiter.take(caller.key.id)
-    caller.member(state.store, workspace_id, role="admin")
-    return user_id
-
-
 async def create_install(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
-    user_id = _admin(request, state, workspace_id)
+    caller = caller_of(request, state, "apps:write")
+    user_id = caller.need_person()
+    caller.member(state.store, workspace_id, role="admin")
     body = await read_body(request, InstallBody, SMALL_BODY)
     version = _published_version(state.store, body.app_slug, body.version)
     install = state.store.create_install(workspace_id, version.app_id, version.id, user_id)
@@ -204,10 +189,12 @@ async def create_install(request: Request, state: AppState) -> Response:
 
 
 def _install_for_admin(request: Request, state: AppState) -> InstallRecord:
+    caller = caller_of(request, state, "apps:write")
+    user_id = caller.need_person()
     install = state.store.get_install(request.path_params["installId"])
-    if install is None:
+    if install is None or state.store.membership(install.workspace_id, user_id) is None:
         raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
-    _admin(request, state, install.workspace_id)
+    caller.member(state.store, install.workspace_id, role="admin")
     return install
 
 

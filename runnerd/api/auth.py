@@ -12,13 +12,17 @@ Kinds of key:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
 from runnerd.api.errors import ApiError
 from runnerd.store import KeyRecord, MembershipRecord, Store
 
-__all__ = ["ROLE_RANK", "SCOPES", "Caller", "authenticate"]
+if TYPE_CHECKING:
+    from runnerd.api.state import AppState
+
+__all__ = ["ROLE_RANK", "SCOPES", "Caller", "authenticate", "caller_of"]
 
 ROLE_RANK = {"viewer": 0, "member": 1, "builder": 2, "admin": 3}
 SCOPES = ("api:read", "tools:run", "apps:write")
@@ -65,6 +69,15 @@ class Caller:
         ):
             raise ApiError.forbidden("INSUFFICIENT_WORKSPACE_ROLE")
         return found
+
+
+def caller_of(request: Request, state: AppState, scope: str) -> Caller:
+    """Authenticate, check the token scope, and spend one rate-limit token: the first
+    step of every authenticated route, always in this order (401, 403, 429)."""
+    caller = authenticate(request, state.store)
+    caller.need_scope(scope)
+    state.limiter.take(caller.key.id)
+    return caller
 
 
 def authenticate(request: Request, store: Store) -> Caller:

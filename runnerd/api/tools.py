@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runnerd.api.auth import Caller, authenticate
+from runnerd.api.auth import Caller, caller_of
 from runnerd.api.errors import ApiError
 from runnerd.api.ops import Op, Param, json_response, read_body
 from runnerd.api.state import AppState
@@ -47,10 +47,8 @@ async def list_tools(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     install_id = query_param(request, INSTALL)
     assert workspace_id is not None
-    caller = authenticate(request, state.store)
+    caller = caller_of(request, state, "api:read")
     caller.need_person()
-    caller.need_scope("api:read")
-    state.limiter.take(caller.key.id)
     caller.member(state.store, workspace_id, role="viewer")
     if install_id is not None:
         install = state.store.get_install(install_id)
@@ -124,10 +122,8 @@ async def _run(
 
 
 def _caller_for_run(request: Request, state: AppState) -> Caller:
-    caller = authenticate(request, state.store)
+    caller = caller_of(request, state, "tools:run")
     caller.need_person()
-    caller.need_scope("tools:run")
-    state.limiter.take(caller.key.id)
     return caller
 
 

@@ -1,0 +1,184 @@
+"""A real runnerd daemon for tests: `runnerd serve` in a subprocess on a free port, its own
+data dir, and helpers to add people and keys to it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from runnerd.bundle import read_app_dir
+from runnerd.store import Store
+
+RUNNERD = str(Path(sys.executable).with_name("runnerd"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Daemon:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int,
+        proc: subprocess.Popen[bytes],
+        workspace_id: str,
+        admin_key: str,
+        env: dict[str, str],
+    ) -> None:
+        self.data_dir = data_dir
+        self.port = port
+        self.proc = proc
+        self.url = f"http://127.0.0.1:{port}"
+        self.workspace_id = workspace_id
+        self.admin_key = admin_key
+        self.env = env
+        self.http = httpx.Client(base_url=self.url, timeout=60)
+
+    def store(self) -> Store:
+        return Store.in_data_dir(self.data_dir)
+
+    def person(
+        self,
+        email: str,
+        *,
+        role: str = "member",
+        apps_access: bool = True,
+        workspace_id: str | None = None,
+    ) -> str:
+        """Add a person and return a personal key of theirs."""
+        store = self.store()
+        try:
+            user = store.ensure_user(email)
+            store.set_membership(
+                workspace_id or self.workspace_id, user.id, role=role, apps_access=apps_access
+            )
+            return store.create_key(kind="personal", user_id=user.id)[1]
+        finally:
+            store.close()
+
+    def key(self, **kw: Any) -> str:
+        store = self.store()
+        try:
+            return store.create_key(**kw)[1]
+        finally:
+            store.close()
+
+    def call(self, method: str, path: str, key: str | None = None, **kw: Any) -> httpx.Response:
+        headers = {"X-API-Key": key} if key else {}
+        return self.http.request(method, path, headers=headers, **kw)
+
+    def deploy(self, app_dir: Path, key: str | None = None) -> httpx.Response:
+        files = {p: base64.b64encode(d).decode() for p, d in read_app_dir(app_dir).items()}
+        return self.call(
+            "POST",
+            "/api/v2/apps/deploy",
+            key or self.admin_key,
+            params={"workspaceId": self.workspace_id},
+            json={"files": files},
+        )
+
+    def ship(self, app_dir: Path) -> dict[str, Any]:
+        """Deploy, publish and install an app; return the install."""
+        version = self.deploy(app_dir).json()["version"]
+        self.call(
+            "POST",
+            f"/api/v2/apps/{version['appSlug']}/versions/{version['version']}/publish",
+            self.admin_key,
+            params={"workspaceId": self.workspace_id},
+        )
+        response = self.call(
+            "POST",
+            "/api/v2/apps/installs",
+            self.admin_key,
+            params={"workspaceId": self.workspace_id},
+            json={"appSlug": version["appSlug"], "version": version["version"]},
+        )
+        assert response.status_code == 201, response.text
+        install: dict[str, Any] = response.json()
+        return install
+
+    def run(
+        self, install_id: str, tool: str, value: Any, key: str | None = None, **body: Any
+    ) -> httpx.Response:
+        return self.call(
+            "POST",
+            f"/api/v2/apps/installs/{install_id}/tools/{tool}/run",
+            key or self.admin_key,
+            json={"input": value, **body},
+        )
+
+
+@contextmanager
+def running_daemon(toolchain_dir: Path, **settings: str) -> Iterator[Daemon]:
+    data = Path(tempfile.mkdtemp(prefix="runnerd-daemon-", dir="/tmp"))
+    data.chmod(0o711)
+    port = free_port()
+    env = {
+        **os.environ,
+        "RUNNERD_DATA_DIR": str(data),
+        "RUNNERD_TOOLCHAIN_DIR": str(toolchain_dir),
+        "RUNNERD_SANDBOX_UID_BASE": "620000",
+        "RUNNERD_SANDBOX_UID_COUNT": "64",
+        **{f"RUNNERD_{k.upper()}": v for k, v in settings.items()},
+    }
+    boot = json.loads(
+        subprocess.run(
+            [
+                RUNNERD,
+                "admin",
+                "bootstrap",
+                "--data-dir",
+                str(data),
+                "--workspace",
+                "Acme",
+                "--email",
+                "ada@example.com",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        ).stdout
+    )
+    log = open(data / "serve.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [RUNNERD, "serve", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    daemon = Daemon(data, port, proc, boot["workspaceId"], boot["apiKey"], env)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if daemon.http.get("/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError((data / "serve.log").read_text())
+            time.sleep(0.05)
+        yield daemon
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        daemon.http.close()
+        shutil.rmtree(data, ignore_errors=True)
