@@ -27,10 +27,17 @@ from runnerd.runtimes import clean_env
 
 
 def _tool(engine: Engine, name: str, ext: str, source: str) -> Tool:
-    doc = {"name": name, "description": "bench", "input": {"type": "object"},
-           "output": {"type": "object"}}
-    files = {"agentserve.app.yaml": b"slug: bench\nname: Bench\ntools: ./*\n",
-             f"{name}.tool.yaml": json.dumps(doc).encode(), f"{name}{ext}": source.encode()}
+    doc = {
+        "name": name,
+        "description": "bench",
+        "input": {"type": "object"},
+        "output": {"type": "object"},
+    }
+    files = {
+        "agentserve.app.yaml": b"slug: bench\nname: Bench\ntools: ./*\n",
+        f"{name}.tool.yaml": json.dumps(doc).encode(),
+        f"{name}{ext}": source.encode(),
+    }
     [tool] = load_bundle(files, toolchain=engine.toolchain).tools
     return tool
 
@@ -47,13 +54,27 @@ def _time(fn: Callable[[], object], runs: int) -> list[float]:
 
 def _bare_jail(engine: Engine, argv: list[str], mounts: tuple[str, ...]) -> list[str]:
     sandbox = engine.sandbox
-    cmd = [sandbox.nsjail, "--mode", "o", "--really_quiet",
-           "--user", f"1000:{engine.settings.sandbox_uid_base}:1",
-           "--group", f"1000:{engine.settings.sandbox_uid_base}:1",
-           "--disable_proc", "--rlimit_as", "inf"]
+    cmd = [
+        sandbox.nsjail,
+        "--mode",
+        "o",
+        "--really_quiet",
+        "--user",
+        f"1000:{engine.settings.sandbox_uid_base}:1",
+        "--group",
+        f"1000:{engine.settings.sandbox_uid_base}:1",
+        "--disable_proc",
+        "--rlimit_as",
+        "inf",
+    ]
     if engine.cgroups.enabled:
-        cmd += [*engine.cgroups.nsjail_args, "--cgroup_mem_max", str(512 << 20),
-                "--cgroup_pids_max", "64"]
+        cmd += [
+            *engine.cgroups.nsjail_args,
+            "--cgroup_mem_max",
+            str(512 << 20),
+            "--cgroup_pids_max",
+            "64",
+        ]
     for mount in mounts:
         cmd += ["--bindmount_ro", mount]
     return [*cmd, "--", *argv]
@@ -83,16 +104,19 @@ def main() -> None:
 
     py_tool = _tool(engine, "py", ".py", "def run(input):\n    return {'n': input['n']}\n")
     js_tool = _tool(engine, "js", ".mjs", "export function run(i) { return { n: i.n } }\n")
-    ts_tool = _tool(engine, "ts", ".ts", "export function run(i: { n: number }) {\n"
-                                         "  return { n: i.n }\n}\n")
+    ts_tool = _tool(
+        engine, "ts", ".ts", "export function run(i: { n: number }) {\n  return { n: i.n }\n}\n"
+    )
     rows = {
         "python3 -I -S -c pass (bare)": sh([rt.python.executable, "-I", "-S", "-c", "pass"]),
-        "nsjail + python3 -c pass (bare)": sh(_bare_jail(
-            engine, [rt.python.executable, "-I", "-S", "-c", "pass"], rt.python.mounts)),
+        "nsjail + python3 -c pass (bare)": sh(
+            _bare_jail(engine, [rt.python.executable, "-I", "-S", "-c", "pass"], rt.python.mounts)
+        ),
         "runnerd: trivial Python tool": tool_run(py_tool),
         "node -e 0 (bare, clean env)": sh([rt.node.path, "-e", "0"]),
-        "nsjail + node -e 0 (bare)": sh(_bare_jail(engine, [rt.node.path, "-e", "0"],
-                                                   rt.node.mounts)),
+        "nsjail + node -e 0 (bare)": sh(
+            _bare_jail(engine, [rt.node.path, "-e", "0"], rt.node.mounts)
+        ),
         "runnerd: trivial JavaScript tool": tool_run(js_tool),
         "runnerd: trivial TypeScript tool": tool_run(ts_tool),
     }
@@ -103,13 +127,31 @@ def main() -> None:
     for name, values in results.items():
         p95 = sorted(values)[int(len(values) * 0.95) - 1]
         print(f"{name:40} {med[name]:10.1f} {p95:8.1f}")
-    py_jail = med["nsjail + python3 -c pass (bare)"]
-    node_jail = med["nsjail + node -e 0 (bare)"]
+    ratios = [
+        (
+            "Python tool / bare python",
+            "runnerd: trivial Python tool",
+            "python3 -I -S -c pass (bare)",
+        ),
+        (
+            "Python tool / bare nsjail + python",
+            "runnerd: trivial Python tool",
+            "nsjail + python3 -c pass (bare)",
+        ),
+        (
+            "JS tool / bare nsjail + node",
+            "runnerd: trivial JavaScript tool",
+            "nsjail + node -e 0 (bare)",
+        ),
+        (
+            "TS tool / bare nsjail + node",
+            "runnerd: trivial TypeScript tool",
+            "nsjail + node -e 0 (bare)",
+        ),
+    ]
     print()
-    print(f"Python tool / bare python:          {med['runnerd: trivial Python tool'] / med['python3 -I -S -c pass (bare)']:.2f}x")  # noqa: E501
-    print(f"Python tool / bare nsjail + python: {med['runnerd: trivial Python tool'] / py_jail:.2f}x")  # noqa: E501
-    print(f"JS tool / bare nsjail + node:       {med['runnerd: trivial JavaScript tool'] / node_jail:.2f}x")  # noqa: E501
-    print(f"TS tool / bare nsjail + node:       {med['runnerd: trivial TypeScript tool'] / node_jail:.2f}x")  # noqa: E501
+    for label, ours, base in ratios:
+        print(f"{label + ':':36} {med[ours] / med[base]:.2f}x")
 
 
 if __name__ == "__main__":

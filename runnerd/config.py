@@ -35,6 +35,9 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     nsjail: str | None = None
     # Where esbuild and the module lexers are installed; default <data_dir>/toolchain.
     toolchain_dir: Path | None = None
+    # Where the files sandboxes mount live (tool code, package envs): every folder above
+    # it must be o+x. Default: the data dir if it qualifies, else /var/cache/runnerd.
+    cache_dir: Path | None = None
     # Outside uids/gids for runs: [base, base + count), one per concurrent run.
     sandbox_uid_base: int = 200_000
     sandbox_uid_count: int = 1_000
@@ -107,7 +110,7 @@ def load_settings(
         merged.update(layer)
     merged.update(_from_env(env))
     merged.update({k: v for k, v in (flags or {}).items() if v is not None})
-    for key in ("data_dir", "toolchain_dir"):
+    for key in ("data_dir", "toolchain_dir", "cache_dir"):
         if merged.get(key) is not None:
             merged[key] = str(Path(str(merged[key])).expanduser())
     try:

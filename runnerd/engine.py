@@ -6,6 +6,7 @@ Built once by the CLI (``tool test``) or the daemon's lifespan, then passed down
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from runnerd.cgroups import Cgroups, setup_cgroups
 from runnerd.config import Settings
@@ -37,7 +38,7 @@ class Engine:
             f"node: {rt.node.path} {rt.node.version}" if rt.node else "node: none",
             f"cgroups: {self.cgroups.mode}",
         ]
-        lines += list(rt.notes)
+        lines += list(rt.notes) + self.notes
         if self.cgroups.warning:
             lines.append(self.cgroups.warning)
         return lines
@@ -45,14 +46,8 @@ class Engine:
 
 def build_engine(settings: Settings) -> Engine:
     data = settings.data_dir
-    data.mkdir(parents=True, exist_ok=True)
-    data.chmod(0o711)  # jails' uids traverse it to their own mounts; nothing is listable
-    if not world_readable(data):
-        raise SandboxUnavailable(
-            f"the data dir {data} sits in a folder other users cannot enter (o+x): nsjail "
-            "mounts each tool's code from it as the run's unprivileged uid; choose a data "
-            "dir whose parent folders are o+x, such as /var/lib/runnerd"
-        )
+    data.mkdir(parents=True, exist_ok=True, mode=0o700)
+    mounts, note = _mount_root(settings)
     runtimes = find_runtimes(settings.python, settings.node)
     cgroups = setup_cgroups()
     limits = Limits(
@@ -70,7 +65,42 @@ def build_engine(settings: Settings) -> Engine:
         uids=UidPool(data / "run" / "uids", settings.sandbox_uid_base, settings.sandbox_uid_count),
         limits=limits,
     )
-    envs = EnvManager(data / "envs", sandbox=sandbox, settings=settings)
-    runner = Runner(sandbox=sandbox, code=CodeCache(data / "code"), envs=envs)
+    envs = EnvManager(mounts / "envs", sandbox=sandbox, settings=settings)
+    runner = Runner(sandbox=sandbox, code=CodeCache(mounts / "code"), envs=envs)
     toolchain = Toolchain(settings.toolchain_path, runtimes.node)
-    return Engine(settings, runtimes, cgroups, sandbox, envs, runner, toolchain)
+    engine = Engine(settings, runtimes, cgroups, sandbox, envs, runner, toolchain)
+    if note:
+        engine.notes.append(note)
+    return engine
+
+
+DEFAULT_CACHE_DIR = Path("/var/cache/runnerd")
+
+
+def _mount_root(settings: Settings) -> tuple[Path, str | None]:
+    """Where the files jails mount (tool code, package envs) live.
+
+    nsjail mounts them as the run's unprivileged uid, so every folder above them must be
+    enterable by other users (o+x). That is ``cache_dir`` if set; else the data dir if it
+    qualifies; else /var/cache/runnerd (a root-owned 0711 folder), with a note saying so.
+    """
+    note = None
+    if settings.cache_dir is not None:
+        root = settings.cache_dir
+    elif world_readable(settings.data_dir.parent):
+        root = settings.data_dir
+    else:
+        root = DEFAULT_CACHE_DIR
+        note = (
+            f"the data dir {settings.data_dir} is in a folder other users cannot enter, "
+            f"so the files sandboxes mount (tool code, package envs) live in {root}"
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o711)  # enterable by jails' uids, listable by nobody
+    if not world_readable(root):
+        raise SandboxUnavailable(
+            f"{root} sits in a folder other users cannot enter (o+x): nsjail mounts each "
+            "tool's code from it as the run's unprivileged uid; set cache_dir "
+            "(RUNNERD_CACHE_DIR) to a folder whose parents are o+x, such as /var/cache/runnerd"
+        )
+    return root, note
