@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon import Daemon, running_daemon
 
 from conftest import EXAMPLE
+from daemon import Daemon, running_daemon
 
 SEED_TOOL_FIELDS = [
     "reference",

@@ -20,12 +20,18 @@ def daemon(toolchain_dir: Path) -> Iterator[Daemon]:
         yield d
 
 
-def cli(d: Daemon, *args: str, key: str | None = None, cwd: Path | None = None
-        ) -> subprocess.CompletedProcess[str]:
-    env = {**d.env, "RUNNERD_URL": d.url, "RUNNERD_API_KEY": key or d.admin_key,
-           "RUNNERD_WORKSPACE": d.workspace_id}
-    return subprocess.run([RUNNERD, *args], capture_output=True, text=True, env=env, cwd=cwd,
-                          timeout=120)
+def cli(
+    d: Daemon, *args: str, key: str | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **d.env,
+        "RUNNERD_URL": d.url,
+        "RUNNERD_API_KEY": key or d.admin_key,
+        "RUNNERD_WORKSPACE": d.workspace_id,
+    }
+    return subprocess.run(
+        [RUNNERD, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
+    )
 
 
 def test_the_example_from_deploy_to_run(daemon: Daemon) -> None:
@@ -40,13 +46,24 @@ def test_the_example_from_deploy_to_run(daemon: Daemon) -> None:
     assert (install["appSlug"], install["version"]) == ("deal-desk", "1")
     listed = cli(daemon, "tools", "list")
     assert [line.split()[0] for line in listed.stdout.splitlines()] == [
-        "deal-desk/route_ticket", "deal-desk/score_offer"]
-    ran = cli(daemon, "tools", "run", "deal-desk/route_ticket", "--input",
-              '{"subject": "Invoice", "customer_tier": "free"}', "--json")
+        "deal-desk/route_ticket",
+        "deal-desk/score_offer",
+    ]
+    ran = cli(
+        daemon,
+        "tools",
+        "run",
+        "deal-desk/route_ticket",
+        "--input",
+        '{"subject": "Invoice", "customer_tier": "free"}',
+        "--json",
+    )
     body = json.loads(ran.stdout)
     assert ran.returncode == 0
-    assert (body["status"], body["output"]) == ("succeeded", {"queue": "billing",
-                                                              "priority": "normal"})
+    assert (body["status"], body["output"]) == (
+        "succeeded",
+        {"queue": "billing", "priority": "normal"},
+    )
     row = daemon.store().get_run(body["runId"])
     assert row is not None and row["surface"] == "cli"
 
@@ -60,9 +77,9 @@ def test_refused_run_prints_the_reason_and_exits_1(daemon: Daemon) -> None:
 def test_deploy_prints_every_problem(daemon: Daemon, tmp_path: Path) -> None:
     (tmp_path / "tools").mkdir()
     (tmp_path / "agentserve.app.yaml").write_text("slug: bad\nname: Bad\ntools: ./tools/*\n")
-    (tmp_path / "tools" / "x.tool.yaml").write_text("name: y\ndescription: d\n"
-                                                    "input: {type: object}\n"
-                                                    "output: {type: array}\n")
+    (tmp_path / "tools" / "x.tool.yaml").write_text(
+        "name: y\ndescription: d\ninput: {type: object}\noutput: {type: array}\n"
+    )
     (tmp_path / "tools" / "x.ts").write_text("export const nothing = 1\n")
     proc = cli(daemon, "app", "deploy", str(tmp_path))
     assert proc.returncode == 1
@@ -70,8 +87,7 @@ def test_deploy_prints_every_problem(daemon: Daemon, tmp_path: Path) -> None:
     assert lines[0].startswith("runnerd: BAD_REQUEST: 3 problems")
     assert "tools/x.tool.yaml:1: name 'y' does not match the file name x.tool.yaml" in lines[1]
     assert lines[2].startswith("tools/x.tool.yaml:4: output.type")
-    assert lines[3] == "tools/x.ts: ES module without a `run` export or a default-exported " \
-                       "function"
+    assert lines[3] == "tools/x.ts: ES module without a `run` export or a default-exported function"
 
 
 def test_switch_and_rollback_by_app(daemon: Daemon, tmp_path: Path) -> None:
@@ -79,14 +95,21 @@ def test_switch_and_rollback_by_app(daemon: Daemon, tmp_path: Path) -> None:
         root = tmp_path / version
         (root / "tools").mkdir(parents=True)
         (root / "agentserve.app.yaml").write_text(
-            f"slug: flip\nname: Flip\nversion: '{version}'\ntools: ./tools/*\n")
-        (root / "tools" / "v.tool.yaml").write_text(json.dumps({
-            "name": "v", "description": "d", "input": {"type": "object"},
-            "output": {"type": "object"}}))
+            f"slug: flip\nname: Flip\nversion: '{version}'\ntools: ./tools/*\n"
+        )
+        (root / "tools" / "v.tool.yaml").write_text(
+            json.dumps(
+                {
+                    "name": "v",
+                    "description": "d",
+                    "input": {"type": "object"},
+                    "output": {"type": "object"},
+                }
+            )
+        )
         (root / "tools" / "v.py").write_text(f"def run(i):\n    return {{'v': '{version}'}}\n")
         assert cli(daemon, "app", "deploy", str(root)).returncode == 0
-        assert cli(daemon, "app", "publish", "--app", "flip", "--version", version
-                   ).returncode == 0
+        assert cli(daemon, "app", "publish", "--app", "flip", "--version", version).returncode == 0
     assert cli(daemon, "app", "install", "--app", "flip", "--version", "1.0").returncode == 0
     switched = cli(daemon, "app", "switch", "--app", "flip", "--version", "2.0")
     assert switched.stdout.startswith("switched flip version 2.0")
@@ -103,30 +126,87 @@ def test_switch_and_rollback_by_app(daemon: Daemon, tmp_path: Path) -> None:
 def test_admin_commands_add_people_roles_and_keys(daemon: Daemon) -> None:
     env = {**daemon.env}
     added = subprocess.run(
-        [RUNNERD, "admin", "add-person", "--workspace", daemon.workspace_id, "--email",
-         "bo@example.com", "--role", "builder", "--apps-access", "--key", "--json"],
-        capture_output=True, text=True, env=env, check=True)
+        [
+            RUNNERD,
+            "admin",
+            "add-person",
+            "--workspace",
+            daemon.workspace_id,
+            "--email",
+            "bo@example.com",
+            "--role",
+            "builder",
+            "--apps-access",
+            "--key",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     person = json.loads(added.stdout)
     assert (person["role"], person["appsAccess"]) == ("builder", True)
     listed = cli(daemon, "tools", "list", "--json", key=person["apiKey"])
     assert listed.returncode == 0
-    token = json.loads(subprocess.run(
-        [RUNNERD, "admin", "token", "--email", "bo@example.com", "--scope", "api:read",
-         "--json"], capture_output=True, text=True, env=env, check=True).stdout)
-    refused = cli(daemon, "tools", "run", "deal-desk/route_ticket", "--input",
-                  '{"subject": "x", "customer_tier": "free"}', key=token["apiKey"])
+    token = json.loads(
+        subprocess.run(
+            [
+                RUNNERD,
+                "admin",
+                "token",
+                "--email",
+                "bo@example.com",
+                "--scope",
+                "api:read",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        ).stdout
+    )
+    refused = cli(
+        daemon,
+        "tools",
+        "run",
+        "deal-desk/route_ticket",
+        "--input",
+        '{"subject": "x", "customer_tier": "free"}',
+        key=token["apiKey"],
+    )
     assert refused.returncode == 1 and "INSUFFICIENT_SCOPE" in refused.stderr
-    ws_key = json.loads(subprocess.run(
-        [RUNNERD, "admin", "workspace-key", "--workspace", daemon.workspace_id, "--json"],
-        capture_output=True, text=True, env=env, check=True).stdout)
+    ws_key = json.loads(
+        subprocess.run(
+            [RUNNERD, "admin", "workspace-key", "--workspace", daemon.workspace_id, "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        ).stdout
+    )
     refused = cli(daemon, "tools", "list", key=ws_key["apiKey"])
     assert "WORKSPACE_KEY_NOT_ALLOWED" in refused.stderr
-    subprocess.run([RUNNERD, "admin", "set-role", "--workspace", daemon.workspace_id,
-                    "--email", "bo@example.com", "--no-apps-access"], env=env, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            RUNNERD,
+            "admin",
+            "set-role",
+            "--workspace",
+            daemon.workspace_id,
+            "--email",
+            "bo@example.com",
+            "--no-apps-access",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     refused = cli(daemon, "tools", "list", key=person["apiKey"])
     assert "INSUFFICIENT_WORKSPACE_ROLE" in refused.stderr
-    revoked = subprocess.run([RUNNERD, "admin", "revoke-key", token["keyId"]], env=env,
-                             capture_output=True, text=True)
+    revoked = subprocess.run(
+        [RUNNERD, "admin", "revoke-key", token["keyId"]], env=env, capture_output=True, text=True
+    )
     assert revoked.returncode == 0
     assert "UNAUTHORIZED" in cli(daemon, "tools", "list", key=token["apiKey"]).stderr
