@@ -173,6 +173,8 @@ def cmd_tool_test(args: argparse.Namespace) -> int:
         print(f"runnerd: --input/--secret: {exc}", file=sys.stderr)
         return 2
     engine = build_engine(settings)
+    if engine.cgroups.warning:
+        print(engine.cgroups.warning, file=sys.stderr)
     folder, files = _local_tool_files(path)
     try:
         bundle = load_bundle(files, toolchain=engine.toolchain)

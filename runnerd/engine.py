@@ -38,10 +38,14 @@ class Engine:
             f"node: {rt.node.path} {rt.node.version}" if rt.node else "node: none",
             f"cgroups: {self.cgroups.mode}",
         ]
-        lines += list(rt.notes) + self.notes
+        return lines + self.notes
+
+    def warnings(self) -> list[str]:
+        """What startup must say loudly: missing runtimes, fallbacks, no cgroups."""
+        found = list(self.runtimes.notes)
         if self.cgroups.warning:
-            lines.append(self.cgroups.warning)
-        return lines
+            found.append(self.cgroups.warning)
+        return found
 
 
 def build_engine(settings: Settings) -> Engine:

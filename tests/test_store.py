@@ -106,3 +106,20 @@ def test_ids_are_unique_and_sortable() -> None:
     ids = [new_id("ver") for _ in range(1000)]
     assert len(set(ids)) == 1000
     assert all(i.startswith("ver_") and len(i) == 30 for i in ids)
+
+
+def test_migrating_a_version_1_database_keeps_its_data(tmp_path: Path) -> None:
+    import sqlite_utils
+
+    path = tmp_path / DB_FILENAME
+    db = sqlite_utils.Database(sqlite3.connect(str(path)))
+    MIGRATIONS[0](db)
+    db.execute("PRAGMA user_version = 1")
+    db.execute("INSERT INTO apps VALUES ('app_1', 'old', 'Old', '2026-01-01T00:00:00.000Z')")
+    db.conn.commit()
+    db.close()
+    store = Store(path)
+    assert store.schema_version == len(MIGRATIONS)
+    app = store.get_app("old")
+    assert app is not None and (app.name, app.workspace_id) == ("Old", None)
+    store.close()

@@ -140,6 +140,8 @@ def create_app(settings: Settings) -> Starlette:
         engine = build_engine(settings)
         for line in engine.report():
             log.info("%s", line)
+        for warning in engine.warnings():
+            log.warning("%s", warning)
         store = Store.in_data_dir(settings.data_dir)
         app.state.runnerd = AppState(
             settings=settings,
