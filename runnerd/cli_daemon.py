@@ -29,6 +29,18 @@ ROLES = ("admin", "builder", "member", "viewer")
 SCOPES = ("api:read", "tools:run", "apps:write")
 
 
+def _lines(rows: list[Any], fmt: Callable[[Any], str], empty: str) -> Callable[[], None]:
+    """A human printer of one line per row, or ``empty``."""
+
+    def show() -> None:
+        for row in rows:
+            print(fmt(row))
+        if not rows:
+            print(empty)
+
+    return show
+
+
 def _out(args: argparse.Namespace, value: Any, human: Callable[[], None]) -> int:
     if args.json:
         sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
@@ -353,6 +365,16 @@ def cmd_tools_run(args: argparse.Namespace, client: ApiClient) -> int:
         body={"input": value, "surface": args.surface},
     )
 
+    if result.get("status") == "pending_approval":
+        return _out(
+            args,
+            result,
+            lambda: print(
+                f"waiting for approval {result['approvalId']} (until {result['expiresAt']}): "
+                f"runnerd approvals approve {result['approvalId']}"
+            ),
+        )
+
     def human() -> None:
         print(f"{result['status']} in {result['durationMs']} ms (run {result['runId']})")
         if result["output"] is not None:
@@ -362,6 +384,206 @@ def cmd_tools_run(args: argparse.Namespace, client: ApiClient) -> int:
 
     _out(args, result, human)
     return 0 if result["status"] == "succeeded" else 1
+
+
+# --- governance -------------------------------------------------------------------------------
+
+
+def _read_secret_value(name: str) -> str:
+    """The value from stdin when piped, else a hidden prompt: never from argv."""
+    if not sys.stdin.isatty():
+        value = sys.stdin.read()
+        return value[:-1] if value.endswith("\n") else value
+    import getpass
+
+    return getpass.getpass(f"value of {name} (hidden): ")
+
+
+def cmd_secret_set(args: argparse.Namespace, client: ApiClient) -> int:
+    install_id = _install_id(args, client)
+    value = _read_secret_value(args.name)
+    result = client.call(
+        "PUT", f"/api/v2/apps/installs/{install_id}/secrets/{args.name}", body={"value": value}
+    )
+    return _out(args, result, lambda: print(f"set {args.name} at {result['updatedAt']}"))
+
+
+def cmd_secret_list(args: argparse.Namespace, client: ApiClient) -> int:
+    install_id = _install_id(args, client)
+    result = client.call("GET", f"/api/v2/apps/installs/{install_id}/secrets")
+    return _out(
+        args,
+        result,
+        _lines(result["data"], lambda x: f"{x['name']:<32} updated {x['updatedAt']}", "no secrets"),
+    )
+
+
+def cmd_secret_delete(args: argparse.Namespace, client: ApiClient) -> int:
+    install_id = _install_id(args, client)
+    result = client.call("DELETE", f"/api/v2/apps/installs/{install_id}/secrets/{args.name}")
+    return _out(args, result, lambda: print(f"deleted {args.name}"))
+
+
+def _print_budget(b: dict[str, Any]) -> None:
+    limit = "unlimited" if b["monthlyMs"] is None else f"{b['monthlyMs']:,} ms"
+    print(
+        f"budget {limit}; {b['month']}: used {b['usedMs']:,} ms, reserved "
+        f"{b['reservedMs']:,} ms; resets at {b['resetsAt']}"
+    )
+
+
+def cmd_budget_show(args: argparse.Namespace, client: ApiClient) -> int:
+    install_id = _install_id(args, client)
+    result = client.call("GET", f"/api/v2/apps/installs/{install_id}/budget")
+    return _out(args, result, lambda: _print_budget(result))
+
+
+def cmd_budget_set(args: argparse.Namespace, client: ApiClient) -> int:
+    install_id = _install_id(args, client)
+    monthly = None if args.unlimited else args.ms
+    result = client.call(
+        "PUT", f"/api/v2/apps/installs/{install_id}/budget", body={"monthlyMs": monthly}
+    )
+    return _out(args, result, lambda: _print_budget(result))
+
+
+def cmd_approvals_list(args: argparse.Namespace, client: ApiClient) -> int:
+    result = client.call(
+        "GET",
+        "/api/v2/approvals",
+        query={"workspaceId": _workspace_arg(args), "status": args.status},
+    )
+
+    def line(a: dict[str, Any]) -> str:
+        return (
+            f"{a['approvalId']}  {a['status']:<8} {a['tool']:<24} from {a['surface']:<5} "
+            f"by {a['requestedBy']}  expires {a['expiresAt']}"
+        )
+
+    return _out(args, result, _lines(result["data"], line, "no approvals"))
+
+
+def _decide(args: argparse.Namespace, client: ApiClient, verb: str) -> int:
+    result = client.call("POST", f"/api/v2/approvals/{args.approval_id}/{verb}")
+    run = f"; run {result['runId']}" if result.get("runId") else ""
+    return _out(args, result, lambda: print(f"{result['status']} {args.approval_id}{run}"))
+
+
+def cmd_approve(args: argparse.Namespace, client: ApiClient) -> int:
+    return _decide(args, client, "approve")
+
+
+def cmd_deny(args: argparse.Namespace, client: ApiClient) -> int:
+    return _decide(args, client, "deny")
+
+
+def cmd_runs_list(args: argparse.Namespace, client: ApiClient) -> int:
+    install_id = _install_id(args, client)
+    result = client.call(
+        "GET",
+        f"/api/v2/apps/installs/{install_id}/runs",
+        query={"tool": args.tool, "status": args.status, "limit": str(args.limit)},
+    )
+
+    def line(r: dict[str, Any]) -> str:
+        return (
+            f"{r['runId']}  {r['startedAt']}  {r['tool']:<24} v{r['version']:<8} "
+            f"{r['status']:<10} {r['durationMs'] or 0:>6} ms  {r['surface']:<8} "
+            f"{r['userEmail']}"
+        )
+
+    return _out(args, result, _lines(result["data"], line, "no runs"))
+
+
+def cmd_runs_get(args: argparse.Namespace, client: ApiClient) -> int:
+    result = client.call("GET", f"/api/v2/runs/{args.run_id}")
+
+    def human() -> None:
+        r = result["run"]
+        print(f"{r['runId']}: {r['status']} in {r['durationMs']} ms ({r['tool']})")
+        if result["outputAvailable"]:
+            print(json.dumps(result["output"], indent=2, ensure_ascii=False))
+            if result["error"]:
+                print(f"error: {result['error']}")
+
+    return _out(args, result, human)
+
+
+def cmd_ledger_export(args: argparse.Namespace) -> int:
+    import csv
+
+    store = _store(args)
+    rows = store.ledger(month=args.month, workspace_id=args.workspace, install_id=args.install)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(rows) + "\n")
+        return 0
+    columns = [
+        "id",
+        "kind",
+        "run_id",
+        "sandbox_ms",
+        "payer_kind",
+        "payer_id",
+        "workspace_id",
+        "app_id",
+        "install_id",
+        "version_id",
+        "tool",
+        "user_id",
+        "month",
+        "created_at",
+    ]
+    writer = csv.DictWriter(sys.stdout, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return 0
+
+
+def cmd_audit_verify(args: argparse.Namespace) -> int:
+    checked, broken = _store(args).verify_audit()
+    if args.json:
+        sys.stdout.write(json.dumps({"entries": checked, "firstBroken": broken}) + "\n")
+    elif broken is None:
+        print(f"audit trail intact: {checked} entries")
+    else:
+        print(
+            f"audit trail BROKEN at entry {broken} (of {checked} read): it or the one "
+            "before it was edited or deleted"
+        )
+    return 0 if broken is None else 1
+
+
+def cmd_rotate_key(args: argparse.Namespace) -> int:
+    from runnerd.vault import Vault, new_key, write_key_file
+
+    settings = _settings(args)
+    if settings.secrets_key:
+        print(
+            "runnerd: secrets_key is set in the config or environment; rotate it there "
+            "(this command rotates the key file)",
+            file=sys.stderr,
+        )
+        return 2
+    store = _store(args)
+    old = Vault.from_settings(None, settings.secrets_key_path)
+    key = new_key()
+    new = Vault(key)
+    resealed = []
+    for install_id, name, kid, nonce, ct in store.sealed_secrets():
+        value = old.open(install_id, name, kid, nonce, ct)
+        resealed.append((install_id, name, *new.seal(install_id, name, value)))
+    # The new key is safe on disk before any row needs it; rows switch in one transaction.
+    pending = settings.secrets_key_path.with_name(settings.secrets_key_path.name + ".new")
+    write_key_file(pending, key)
+    store.reseal_all(resealed, new.key_id)
+    os.replace(pending, settings.secrets_key_path)
+    return _out(
+        args,
+        {"keyId": new.key_id, "secrets": len(resealed)},
+        lambda: print(
+            f"rotated the secrets key to {new.key_id}: {len(resealed)} secrets re-encrypted"
+        ),
+    )
 
 
 # --- parser -----------------------------------------------------------------------------------
@@ -475,3 +697,78 @@ def register(
         choices=("app", "chat", "relay", "workflow", "api", "cli", "test"),
     )
     p.set_defaults(func=_client_command(cmd_tools_run))
+
+    p = admin.add_parser(
+        "rotate-secrets-key", parents=[common], help="re-encrypt every secret under a new key file"
+    )
+    p.set_defaults(func=cmd_rotate_key)
+
+    def install_args(p: argparse.ArgumentParser) -> None:
+        with_app(p)
+        p.add_argument("--install", help="install id (default: the workspace's install of the app)")
+
+    secrets = app.add_parser("secrets", help="secrets of the app's install").add_subparsers(
+        dest="subcommand", required=True, metavar="COMMAND"
+    )
+    p = secrets.add_parser(
+        "set",
+        parents=[common, client],
+        help="set a secret; the value is read from stdin or a hidden prompt",
+    )
+    install_args(p)
+    p.add_argument("name")
+    p.set_defaults(func=_client_command(cmd_secret_set))
+    p = secrets.add_parser("list", parents=[common, client], help="secret names")
+    install_args(p)
+    p.set_defaults(func=_client_command(cmd_secret_list))
+    p = secrets.add_parser("delete", parents=[common, client], help="delete a secret")
+    install_args(p)
+    p.add_argument("name")
+    p.set_defaults(func=_client_command(cmd_secret_delete))
+
+    budget = app.add_parser("budget", help="monthly budget of the app's install").add_subparsers(
+        dest="subcommand", required=True, metavar="COMMAND"
+    )
+    p = budget.add_parser("show", parents=[common, client], help="the budget and this month")
+    install_args(p)
+    p.set_defaults(func=_client_command(cmd_budget_show))
+    p = budget.add_parser("set", parents=[common, client], help="set the monthly budget")
+    install_args(p)
+    amount = p.add_mutually_exclusive_group(required=True)
+    amount.add_argument("--ms", type=int, help="milliseconds of sandbox time a month")
+    amount.add_argument("--unlimited", action="store_true")
+    p.set_defaults(func=_client_command(cmd_budget_set))
+
+    approvals = group_parser("approvals", "write calls waiting for a person")
+    p = approvals.add_parser("list", parents=[common, client], help="approvals")
+    p.add_argument("--status", choices=("pending", "approved", "denied", "expired"))
+    p.set_defaults(func=_client_command(cmd_approvals_list))
+    for verb, decide in (("approve", cmd_approve), ("deny", cmd_deny)):
+        p = approvals.add_parser(verb, parents=[common, client], help=f"{verb} a write call")
+        p.add_argument("approval_id")
+        p.set_defaults(func=_client_command(decide))
+
+    runs = group_parser("runs", "run history")
+    p = runs.add_parser("list", parents=[common, client], help="runs of the app's install")
+    install_args(p)
+    p.add_argument("--tool")
+    p.add_argument("--status", choices=("running", "succeeded", "failed", "timed_out"))
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(func=_client_command(cmd_runs_list))
+    p = runs.add_parser("get", parents=[common, client], help="one run")
+    p.add_argument("run_id")
+    p.set_defaults(func=_client_command(cmd_runs_get))
+
+    ledger = group_parser("ledger", "the usage ledger (local, on the data dir)")
+    p = ledger.add_parser("export", parents=[common], help="ledger rows as CSV or JSON")
+    p.add_argument("--month", help="YYYY-MM")
+    p.add_argument("--format", choices=("csv", "json"), default="csv")
+    p.add_argument("--workspace")
+    p.add_argument("--install")
+    p.set_defaults(func=cmd_ledger_export)
+
+    audit = group_parser("audit", "the audit trail (local, on the data dir)")
+    p = audit.add_parser(
+        "verify", parents=[common], help="check the hash chain; exit 1 at the first broken entry"
+    )
+    p.set_defaults(func=cmd_audit_verify)

@@ -59,6 +59,21 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     rate_limit_per_second: float = 20.0
     rate_limit_burst: int = 40
     log_level: str = "info"
+    # Secrets at rest: the AES key as base64 (secrets_key), else a 0600 key file
+    # (default <data_dir>/secrets.key, created on first use). Keep it apart from backups
+    # of the database.
+    secrets_key: str | None = None
+    secrets_key_file: Path | None = None
+    # Write calls from chat and relays wait for approval this long before expiring.
+    approval_ttl_s: int = 900
+    # A repeated Idempotency-Key returns the first run's result within this time.
+    idempotency_ttl_s: int = 86_400
+    # Outputs kept in memory (never on disk) for GET /runs/{id} and idempotent replays.
+    result_cache_mb: int = 64
+
+    @property
+    def secrets_key_path(self) -> Path:
+        return self.secrets_key_file or self.data_dir / "secrets.key"
 
     @property
     def toolchain_path(self) -> Path:
@@ -110,7 +125,7 @@ def load_settings(
         merged.update(layer)
     merged.update(_from_env(env))
     merged.update({k: v for k, v in (flags or {}).items() if v is not None})
-    for key in ("data_dir", "toolchain_dir", "cache_dir"):
+    for key in ("data_dir", "toolchain_dir", "cache_dir", "secrets_key_file"):
         if merged.get(key) is not None:
             merged[key] = str(Path(str(merged[key])).expanduser())
     try:

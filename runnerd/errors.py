@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["BundleRejected", "Problem", "RunnerdError", "VersionExists"]
+__all__ = ["BudgetExhausted", "BundleRejected", "Problem", "RunnerdError", "VersionExists"]
 
 
 class Problem(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -46,4 +46,16 @@ class VersionExists(RunnerdError):
         super().__init__(
             f"app {slug!r} already has version {version!r}; versions are immutable, "
             "so change `version` in agentserve.app.yaml (or remove it to get the next number)"
+        )
+
+
+class BudgetExhausted(RunnerdError):
+    """The install's monthly budget is spent; refused before any sandbox starts."""
+
+    def __init__(self, install_id: str, resets_at: str) -> None:
+        self.install_id = install_id
+        self.resets_at = resets_at
+        super().__init__(
+            f"the monthly budget of this install is spent; it resets at {resets_at}, or "
+            "when an admin raises it"
         )

@@ -212,8 +212,8 @@ def test_run_answers_200_with_the_five_fields(daemon: Daemon, install: dict[str,
     assert body["output"]["decision"] == "approve" and body["durationMs"] > 0
     row = daemon.store().get_run(body["runId"])
     assert row is not None
-    assert (row["status"], row["tool"], row["surface"]) == ("succeeded", "score_offer", "api")
-    assert row["user_id"] == daemon.store().ensure_user("ada@example.com").id
+    assert (row.status, row.tool, row.surface) == ("succeeded", "score_offer", "api")
+    assert row.user_id == daemon.store().ensure_user("ada@example.com").id
 
 
 def test_failed_and_timed_out_runs_are_200_too(daemon: Daemon, tmp_path: Path) -> None:
@@ -320,8 +320,8 @@ def test_run_by_reference_records_the_workflow_run(daemon: Daemon, install: dict
     assert body["output"] == {"queue": "billing", "priority": "high"}
     row = daemon.store().get_run(body["runId"])
     assert row is not None
-    assert (row["surface"], row["workflow_run_id"]) == ("workflow", "wfr_123")
-    assert row["user_id"] == daemon.store().ensure_user("member@example.com").id
+    assert (row.surface, row.workflow_run_id) == ("workflow", "wfr_123")
+    assert row.user_id == daemon.store().ensure_user("member@example.com").id
     envelope(
         daemon.call(
             "POST",
@@ -440,8 +440,10 @@ def test_every_route_answers_errors_in_the_envelope(daemon: Daemon) -> None:
     from runnerd.api.app import OPS
 
     for op in OPS:
-        path = op.path.format(installId="inst_x", toolName="t", appSlug="a", version="1")
-        wrong = "DELETE" if op.method != "DELETE" else "PUT"
+        path = op.path.format(installId="inst_x", toolName="t", appSlug="a", version="1",
+                              name="KEY", runId="run_x", approvalId="apr_x")
+        allowed = {o.method for o in OPS if o.path == op.path}
+        wrong = next(m for m in ("PATCH", "DELETE", "PUT") if m not in allowed)
         envelope(daemon.call(wrong, path), 405, "METHOD_NOT_ALLOWED")
         if op.authenticated:
             response = daemon.call(op.method, path, params={"workspaceId": daemon.workspace_id})

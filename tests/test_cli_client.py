@@ -65,7 +65,7 @@ def test_the_example_from_deploy_to_run(daemon: Daemon) -> None:
         {"queue": "billing", "priority": "normal"},
     )
     row = daemon.store().get_run(body["runId"])
-    assert row is not None and row["surface"] == "cli"
+    assert row is not None and row.surface == "cli"
 
 
 def test_refused_run_prints_the_reason_and_exits_1(daemon: Daemon) -> None:

@@ -3,6 +3,7 @@ error path for everything that goes wrong."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -18,6 +19,7 @@ from starlette.routing import Route
 
 from runnerd import __version__
 from runnerd.api import apps as apps_ops
+from runnerd.api import governance as governance_ops
 from runnerd.api import tools as tools_ops
 from runnerd.api.errors import CODES, ApiError, error_response, from_domain
 from runnerd.api.limits import RateLimiter, RunGate
@@ -25,9 +27,11 @@ from runnerd.api.openapi import openapi_document
 from runnerd.api.ops import Op, json_response
 from runnerd.api.state import AppState
 from runnerd.api.wire import Health
+from runnerd.calls import Calls, ResultCache
 from runnerd.config import Settings
 from runnerd.engine import build_engine
 from runnerd.store import Store
+from runnerd.vault import Vault
 
 __all__ = ["OPS", "create_app"]
 
@@ -68,6 +72,7 @@ async def openapi(request: Request, state: AppState) -> Response:
 OPS: list[Op] = [
     *tools_ops.OPS,
     *apps_ops.OPS,
+    *governance_ops.OPS,
     Op("GET", "/healthz", "healthz", "Alive", healthz, Health, errors=(500,), authenticated=False),
     Op(
         "GET",
@@ -134,6 +139,16 @@ def _unexpected(request: Request, exc: Exception) -> Response:
     return error_response(ApiError("INTERNAL_ERROR"))
 
 
+async def _expire_approvals(calls: Calls) -> None:
+    """Expire (and audit) approvals past their time, every few seconds."""
+    while True:
+        await asyncio.sleep(5)
+        try:
+            calls.expire()
+        except Exception as exc:
+            log.error("approval expiry failed: %s", type(exc).__name__)
+
+
 def create_app(settings: Settings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -143,17 +158,38 @@ def create_app(settings: Settings) -> Starlette:
         for warning in engine.warnings():
             log.warning("%s", warning)
         store = Store.in_data_dir(settings.data_dir)
+        interrupted = store.recover_interrupted()
+        if interrupted:
+            log.warning(
+                "closed %d run(s) left open by the last stop as failed (interrupted)",
+                len(interrupted),
+            )
+        calls = Calls(
+            store=store,
+            engine=engine,
+            vault=Vault.from_settings(settings.secrets_key, settings.secrets_key_path),
+            approval_ttl_s=settings.approval_ttl_s,
+            idempotency_ttl_s=settings.idempotency_ttl_s,
+            results=ResultCache(
+                settings.result_cache_mb << 20,
+                max(settings.approval_ttl_s, settings.idempotency_ttl_s),
+            ),
+        )
         app.state.runnerd = AppState(
             settings=settings,
             store=store,
             engine=engine,
             limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
             gate=RunGate(settings.max_concurrent_runs, settings.max_queued_runs),
+            calls=calls,
         )
+        expiry = asyncio.ensure_future(_expire_approvals(calls))
         log.info("runnerd %s serving data dir %s", __version__, settings.data_dir)
         try:
             yield
         finally:
+            expiry.cancel()
+            await calls.drain(timeout=30)
             store.close()
 
     routes = [Route(op.path, _endpoint(op), methods=[op.method]) for op in OPS]

@@ -13,8 +13,11 @@ from typing import Any
 import msgspec
 from starlette.responses import Response
 
-from runnerd.errors import BundleRejected, VersionExists
+from runnerd.calls import ApprovalUnavailable, IdempotencyConflict, ToolNotFound
+from runnerd.errors import BudgetExhausted, BundleRejected, VersionExists
 from runnerd.runs import InputRejected
+from runnerd.sandbox import SandboxUnavailable
+from runnerd.vault import VaultError
 
 __all__ = ["ApiError", "error_response", "from_domain"]
 
@@ -92,6 +95,23 @@ def from_domain(exc: Exception) -> ApiError | None:
         )
     if isinstance(exc, VersionExists):
         return ApiError("CONFLICT", str(exc), details={"code": "VERSION_EXISTS"})
+    if isinstance(exc, BudgetExhausted):
+        return ApiError(
+            "FORBIDDEN", str(exc), details={"code": "budget_exhausted", "resetsAt": exc.resets_at}
+        )
+    if isinstance(exc, ToolNotFound):
+        return ApiError("NOT_FOUND", str(exc), details={"code": "TOOL_NOT_FOUND"})
+    if isinstance(exc, IdempotencyConflict):
+        return ApiError("CONFLICT", str(exc), details={"code": "IDEMPOTENCY_KEY_REUSED"})
+    if isinstance(exc, ApprovalUnavailable):
+        code = {"APPROVAL_NOT_FOUND": "NOT_FOUND", "NOT_AN_APPROVER": "FORBIDDEN"}.get(
+            exc.reason, "CONFLICT"
+        )
+        return ApiError(code, str(exc), details={"code": exc.reason})
+    if isinstance(exc, (SandboxUnavailable, VaultError)):
+        return ApiError(
+            "SERVICE_UNAVAILABLE", str(exc), details={"code": type(exc).__name__.upper()}
+        )
     if isinstance(exc, InputRejected):
         details: dict[str, Any] = {"code": exc.code}
         if exc.pointer is not None:

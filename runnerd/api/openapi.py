@@ -36,6 +36,7 @@ def openapi_document() -> dict[str, Any]:
     from runnerd.api.app import OPS
 
     types = {op.response for op in OPS if op.response} | {op.body for op in OPS if op.body}
+    types |= {t for op in OPS for t in op.extra_responses.values()}
     types.add(ErrorEnvelope)
     ordered = sorted(types, key=lambda t: t.__name__)
     schemas, components = msgspec.json.schema_components(ordered, ref_template=_REF)
@@ -75,6 +76,11 @@ def openapi_document() -> dict[str, Any]:
         else:
             ok["content"] = {"application/json": {"schema": {"type": "object"}}}
         operation["responses"][str(op.status)] = ok
+        for status, kind in op.extra_responses.items():
+            operation["responses"][str(status)] = {
+                "description": _STATUS_TEXT.get(status, "Accepted"),
+                "content": {"application/json": {"schema": ref[kind]}},
+            }
         for status in op.errors:
             response: dict[str, Any] = {"description": _STATUS_TEXT[status], "content": error}
             if status in (429, 503):

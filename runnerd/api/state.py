@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runnerd.api.limits import RateLimiter, RunGate
+from runnerd.calls import Calls
 from runnerd.config import Settings
 from runnerd.engine import Engine
 from runnerd.store import Store
@@ -19,3 +20,4 @@ class AppState:
     engine: Engine
     limiter: RateLimiter
     gate: RunGate
+    calls: Calls

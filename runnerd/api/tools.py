@@ -6,12 +6,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from runnerd.api.auth import Caller, caller_of
-from runnerd.api.errors import ApiError
+from runnerd.api.errors import ApiError, from_domain
 from runnerd.api.ops import Op, Param, json_response, read_body
 from runnerd.api.state import AppState
-from runnerd.api.wire import RunBody, RunResponse, ToolInfo, ToolList
+from runnerd.api.wire import PendingApproval, RunBody, RunResponse, ToolInfo, ToolList
+from runnerd.calls import Pending, Who
 from runnerd.constants import MAX_INPUT_BYTES
-from runnerd.runs import tool_key
 from runnerd.store import InstallRecord
 
 __all__ = ["OPS", "query_param"]
@@ -87,36 +87,60 @@ async def _run(
     tool_name: str,
     body: RunBody,
 ) -> Response:
-    """Run ``tool_name`` of ``install`` for ``caller``: the common part of both routes."""
+    """Run ``tool_name`` of ``install`` for ``caller``: the common part of both routes.
+    Every refusal after the install is known is audited with its reason."""
     store = state.store
     user_id = caller.need_person()
-    caller.member(store, install.workspace_id, role="member")
-    tool = store.get_tool(install.version_id, tool_name)
-    if tool is None:
-        raise ApiError(
-            "NOT_FOUND",
-            f"The installed version has no tool {tool_name!r}",
-            details={"code": "TOOL_NOT_FOUND"},
+    key = request.headers.get("idempotency-key")
+    try:
+        caller.member(store, install.workspace_id, role="member")
+        if key is not None and not 1 <= len(key) <= 255:
+            raise ApiError(
+                "BAD_REQUEST",
+                "Idempotency-Key is 1 to 255 characters",
+                details={"code": "INVALID_IDEMPOTENCY_KEY"},
+            )
+        async with state.gate.admit():
+            outcome = await state.calls.call(
+                install,
+                tool_name,
+                body.input,
+                who=Who(user_id, caller.key.id),
+                surface=body.surface,
+                workflow_run_id=body.workflow_run_id,
+                idempotency_key=key,
+            )
+    except Exception as exc:
+        error = exc if isinstance(exc, ApiError) else from_domain(exc)
+        if error is not None:
+            store.audit(
+                "tool.refuse",
+                workspace_id=install.workspace_id,
+                actor_user_id=user_id,
+                actor_key_id=caller.key.id,
+                install_id=install.id,
+                version_id=install.version_id,
+                tool=tool_name,
+                surface=body.surface,
+                reason=(error.details or {}).get("code", error.code),
+            )
+        raise
+    if isinstance(outcome, Pending):
+        return json_response(
+            PendingApproval(
+                status="pending_approval",
+                approval_id=outcome.approval_id,
+                expires_at=outcome.expires_at,
+            ),
+            status=202,
         )
-    runner = state.engine.runner
-    runner.check_input(tool, body.input, key=tool_key(tool, install.version_id))
-    async with state.gate.admit():
-        run_id = store.start_run(
-            install=install,
-            tool=tool.name,
-            user_id=user_id,
-            surface=body.surface,
-            workflow_run_id=body.workflow_run_id,
-        )
-        result = await runner.run(tool, body.input, version_id=install.version_id)
-        store.finish_run(run_id, status=result.status, duration_ms=result.duration_ms)
     return json_response(
         RunResponse(
-            run_id=run_id,
-            status=result.status,  # type: ignore[arg-type]
-            output=result.output,
-            error=result.error,
-            duration_ms=result.duration_ms,
+            run_id=outcome.run_id,
+            status=outcome.status,  # type: ignore[arg-type]
+            output=outcome.output,
+            error=outcome.error,
+            duration_ms=outcome.duration_ms,
         )
     )
 
@@ -181,7 +205,8 @@ OPS = [
             Param("installId", "The install.", required=True, max_length=64, where="path"),
             Param("toolName", "The tool's name.", required=True, max_length=40, where="path"),
         ),
-        errors=(400, 401, 403, 404, 429, 500, 503),
+        errors=(400, 401, 403, 404, 409, 429, 500, 503),
+        extra_responses={202: PendingApproval},
         description="Runs the tool once in a fresh sandbox. Answers 200 for every run that "
         "started, whatever its status; refusals before the start are errors. "
         "Workspace API keys return 403.",
@@ -199,7 +224,8 @@ OPS = [
             Param("appSlug", "The app's slug.", required=True, max_length=64, where="path"),
             Param("toolName", "The tool's name.", required=True, max_length=40, where="path"),
         ),
-        errors=(400, 401, 403, 404, 429, 500, 503),
+        errors=(400, 401, 403, 404, 409, 429, 500, 503),
+        extra_responses={202: PendingApproval},
         description="The same call by reference, as the workflow App Tool block makes it; "
         "pass workflowRunId when a workflow run calls it.",
     ),

@@ -150,3 +150,140 @@ class ErrorEnvelope(_Wire):
 class Health(_Wire):
     status: str
     checks: dict[str, str] | None = None
+
+
+class PendingApproval(_Wire):
+    status: Literal["pending_approval"]
+    approval_id: str
+    expires_at: str
+
+
+class SecretBody(_Wire):
+    value: str
+
+
+class SecretInfo(_Wire):
+    name: str
+    updated_at: str
+
+
+class SecretList(_Wire):
+    data: list[SecretInfo]
+
+
+class Deleted(_Wire):
+    name: str
+    deleted: bool
+
+
+class BudgetBody(_Wire):
+    monthly_ms: int | None  # null: unlimited
+
+
+class BudgetInfo(_Wire):
+    install_id: str
+    month: str
+    monthly_ms: int | None
+    used_ms: int
+    reserved_ms: int
+    resets_at: str
+
+
+class LedgerRow(_Wire):
+    id: str
+    kind: str
+    run_id: str | None
+    sandbox_ms: int
+    payer_kind: Literal["workspace", "workflow_run"]
+    payer_id: str
+    workspace_id: str
+    app_id: str
+    install_id: str
+    version_id: str
+    tool: str
+    user_id: str
+    month: str
+    created_at: str
+
+
+class LedgerList(_Wire):
+    data: list[LedgerRow]
+
+
+class AuditInfo(_Wire):
+    seq: int
+    id: str
+    at: str
+    action: str
+    workspace_id: str | None = None
+    actor_user_id: str | None = None
+    actor_key_id: str | None = None
+    install_id: str | None = None
+    version_id: str | None = None
+    tool: str | None = None
+    surface: str | None = None
+    status: str | None = None
+    duration_ms: int | None = None
+    reason: str | None = None
+    detail: dict[str, Any] = {}
+
+
+class AuditList(_Wire):
+    data: list[AuditInfo]
+    next_cursor: str | None = None
+
+
+class ApprovalInfo(_Wire):
+    approval_id: str
+    workspace_id: str
+    install_id: str
+    version_id: str
+    tool: str
+    surface: str
+    requested_by: str
+    status: Literal["pending", "approved", "denied", "expired"]
+    created_at: str
+    expires_at: str
+    decided_by: str | None
+    decided_at: str | None
+    run_id: str | None
+
+
+class ApprovalList(_Wire):
+    data: list[ApprovalInfo]
+
+
+class RunInfo(_Wire):
+    run_id: str
+    install_id: str
+    tool: str
+    version_id: str
+    version: str | None
+    status: Literal["running", "succeeded", "failed", "timed_out"]
+    duration_ms: int | None
+    surface: str
+    user_id: str
+    user_email: str | None
+    started_at: str
+    ended_at: str | None
+    error_kind: str | None = None
+    workflow_run_id: str | None = None
+    approval_id: str | None = None
+
+
+class RunDetail(_Wire):
+    """One run, with its output while runnerd still holds it in memory (never on disk)."""
+
+    run: RunInfo
+    output: Any = None
+    error: str | None = None
+    output_available: bool = False
+
+
+class RunList(_Wire):
+    data: list[RunInfo]
+    next_cursor: str | None = None
+
+
+class LatestRuns(_Wire):
+    data: dict[str, list[RunInfo]]

@@ -6,7 +6,9 @@ its own transaction, so a database is always at one exact version. Stored app ve
 are immutable: triggers refuse any UPDATE or DELETE of a version or its tools.
 """
 
+from runnerd.store.approvals import ApprovalRow, ApprovalsStore
 from runnerd.store.apps import AppsStore
+from runnerd.store.audit import AuditEntry
 from runnerd.store.core import DB_FILENAME
 from runnerd.store.people import PeopleStore
 from runnerd.store.records import (
@@ -22,26 +24,33 @@ from runnerd.store.records import (
     new_id,
     utc_now,
 )
-from runnerd.store.runs import RunsStore
+from runnerd.store.runs import BudgetStatus, RunRow, RunsStore, month_end, month_of
 from runnerd.store.schema import MIGRATIONS
+from runnerd.store.secrets import SecretsStore
 
 __all__ = [
     "DB_FILENAME",
     "MIGRATIONS",
     "AppRecord",
+    "ApprovalRow",
+    "AuditEntry",
+    "BudgetStatus",
     "InstallRecord",
     "KeyRecord",
     "MembershipRecord",
+    "RunRow",
     "Store",
     "ToolRecord",
     "UserRecord",
     "VersionRecord",
     "WorkspaceRecord",
     "hash_key",
+    "month_end",
+    "month_of",
     "new_id",
     "utc_now",
 ]
 
 
-class Store(AppsStore, PeopleStore, RunsStore):
+class Store(AppsStore, PeopleStore, RunsStore, SecretsStore, ApprovalsStore):
     """The database of one runnerd install. Not shared between threads without a lock."""

@@ -7,7 +7,7 @@ from typing import Any
 
 from runnerd.bundle import Bundle, Tool
 from runnerd.errors import VersionExists
-from runnerd.store.core import StoreBase
+from runnerd.store.audit import AuditStore
 from runnerd.store.records import (
     AppRecord,
     InstallRecord,
@@ -18,10 +18,17 @@ from runnerd.store.records import (
 )
 
 
-class AppsStore(StoreBase):
+class AppsStore(AuditStore):
     # --- Apps and versions ------------------------------------------------------------------
 
-    def add_version(self, bundle: Bundle, *, workspace_id: str | None = None) -> VersionRecord:
+    def add_version(
+        self,
+        bundle: Bundle,
+        *,
+        workspace_id: str | None = None,
+        user_id: str | None = None,
+        key_id: str | None = None,
+    ) -> VersionRecord:
         """Store ``bundle`` as a new immutable version of its app (created on first upload).
 
         The version string is the manifest's, else the next number in order. Raises
@@ -37,6 +44,7 @@ class AppsStore(StoreBase):
                     "slug": manifest.slug,
                     "name": manifest.name,
                     "created_at": now,
+                    "workspace_id": workspace_id,
                 }
                 self.db.table("apps").insert(app)
             elif app["name"] != manifest.name:
@@ -58,6 +66,19 @@ class AppsStore(StoreBase):
                 }
             )
             self.db.table("tools").insert_all(_tool_row(version_id, t) for t in bundle.tools)
+            self._append_audit(
+                "app.deploy",
+                workspace_id=workspace_id,
+                actor_user_id=user_id,
+                actor_key_id=key_id,
+                version_id=version_id,
+                detail={
+                    "appSlug": manifest.slug,
+                    "version": version,
+                    "contentHash": bundle.content_hash,
+                    "tools": [t.name for t in bundle.tools],
+                },
+            )
         return VersionRecord(
             id=version_id,
             app_id=app["id"],
@@ -107,13 +128,28 @@ class AppsStore(StoreBase):
 
     # --- Publishing and installs ------------------------------------------------------------
 
-    def publish(self, version_id: str, user_id: str | None) -> str:
+    def publish(
+        self,
+        version_id: str,
+        user_id: str | None,
+        *,
+        workspace_id: str | None = None,
+        key_id: str | None = None,
+    ) -> str:
         """Mark a version published (once; publishing again keeps the first time)."""
         with self._write():
-            self.db.execute(
+            cur = self.db.execute(
                 "INSERT OR IGNORE INTO publications VALUES (?, ?, ?)",
                 [version_id, user_id, utc_now()],
             )
+            if cur.rowcount:
+                self._append_audit(
+                    "app.publish",
+                    workspace_id=workspace_id,
+                    actor_user_id=user_id,
+                    actor_key_id=key_id,
+                    version_id=version_id,
+                )
         row = self.db.execute(
             "SELECT published_at FROM publications WHERE version_id = ?", [version_id]
         ).fetchone()
@@ -126,7 +162,13 @@ class AppsStore(StoreBase):
         return str(row[0]) if row else None
 
     def create_install(
-        self, workspace_id: str, app_id: str, version_id: str, user_id: str | None
+        self,
+        workspace_id: str,
+        app_id: str,
+        version_id: str,
+        user_id: str | None,
+        *,
+        key_id: str | None = None,
     ) -> InstallRecord:
         """Install a version of an app into a workspace; one install per app and workspace
         (installing again switches the existing one)."""
@@ -142,30 +184,67 @@ class AppsStore(StoreBase):
                     "INSERT INTO installs VALUES (?, ?, ?, ?, NULL, ?, ?, ?)",
                     [install_id, workspace_id, app_id, version_id, user_id, now, now],
                 )
+                self._append_audit(
+                    "app.install",
+                    workspace_id=workspace_id,
+                    install_id=install_id,
+                    version_id=version_id,
+                    actor_user_id=user_id,
+                    actor_key_id=key_id,
+                )
             else:
                 install_id = row[0]
-                self._switch(install_id, version_id, now)
+                self._switch(install_id, version_id, now, user_id, key_id)
         found = self.get_install(install_id)
         assert found is not None
         return found
 
-    def _switch(self, install_id: str, version_id: str, now: str) -> None:
-        self.db.execute(
+    def _switch(
+        self,
+        install_id: str,
+        version_id: str,
+        now: str,
+        user_id: str | None,
+        key_id: str | None,
+        action: str = "app.switch",
+    ) -> None:
+        cur = self.db.execute(
             """UPDATE installs SET previous_version_id = version_id, version_id = ?,
                updated_at = ? WHERE id = ? AND version_id != ?""",
             [version_id, now, install_id, version_id],
         )
+        if cur.rowcount:
+            ws = self.db.execute(
+                "SELECT workspace_id FROM installs WHERE id = ?", [install_id]
+            ).fetchone()[0]
+            self._append_audit(
+                action,
+                workspace_id=ws,
+                install_id=install_id,
+                version_id=version_id,
+                actor_user_id=user_id,
+                actor_key_id=key_id,
+            )
 
-    def switch_install(self, install_id: str, version_id: str) -> InstallRecord:
+    def switch_install(
+        self,
+        install_id: str,
+        version_id: str,
+        *,
+        user_id: str | None = None,
+        key_id: str | None = None,
+    ) -> InstallRecord:
         """Point the install at another version, in one transaction: every call after it
         resolves the new version; runs already started finish on theirs."""
         with self._write():
-            self._switch(install_id, version_id, utc_now())
+            self._switch(install_id, version_id, utc_now(), user_id, key_id)
         found = self.get_install(install_id)
         assert found is not None
         return found
 
-    def rollback_install(self, install_id: str) -> InstallRecord | None:
+    def rollback_install(
+        self, install_id: str, *, user_id: str | None = None, key_id: str | None = None
+    ) -> InstallRecord | None:
         """Swap the install back to its previous version; None if it has none."""
         with self._write():
             row = self.db.execute(
@@ -173,11 +252,7 @@ class AppsStore(StoreBase):
             ).fetchone()
             if row is None or row[0] is None:
                 return None
-            self.db.execute(
-                """UPDATE installs SET version_id = previous_version_id,
-                   previous_version_id = version_id, updated_at = ? WHERE id = ?""",
-                [utc_now(), install_id],
-            )
+            self._switch(install_id, row[0], utc_now(), user_id, key_id, "app.rollback")
         return self.get_install(install_id)
 
     def get_install(self, install_id: str) -> InstallRecord | None:

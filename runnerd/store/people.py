@@ -7,7 +7,7 @@ import secrets
 
 import msgspec
 
-from runnerd.store.core import StoreBase
+from runnerd.store.audit import AuditStore
 from runnerd.store.records import (
     KeyRecord,
     MembershipRecord,
@@ -19,13 +19,14 @@ from runnerd.store.records import (
 )
 
 
-class PeopleStore(StoreBase):
+class PeopleStore(AuditStore):
     # --- People and keys --------------------------------------------------------------------
 
     def create_workspace(self, name: str) -> WorkspaceRecord:
         record = WorkspaceRecord(id=new_id("ws"), name=name, created_at=utc_now())
         with self._write():
             self.db.table("workspaces").insert(msgspec.structs.asdict(record))
+            self._append_audit("workspace.create", workspace_id=record.id, detail={"name": name})
         return record
 
     def get_workspace(self, workspace_id: str) -> WorkspaceRecord | None:
@@ -53,21 +54,34 @@ class PeopleStore(StoreBase):
         *,
         role: str | None = None,
         apps_access: bool | None = None,
+        approver: bool | None = None,
     ) -> MembershipRecord:
-        """Add a person to a workspace, or change their role or Apps-module access."""
+        """Add a person to a workspace, or change their role, Apps-module access or
+        approver flag (who may approve write calls from relays)."""
         with self._write():
             current = self.membership(workspace_id, user_id)
             new_role = role or (current.role if current else "member")
             access = (
-                apps_access
-                if apps_access is not None
-                else (current.apps_access if current else False)
+                apps_access if apps_access is not None else bool(current and current.apps_access)
             )
+            approves = approver if approver is not None else bool(current and current.approver)
             self.db.execute(
-                """INSERT INTO memberships VALUES (?, ?, ?, ?, ?)
+                """INSERT INTO memberships (workspace_id, user_id, role, apps_access,
+                   created_at, approver) VALUES (?, ?, ?, ?, ?, ?)
                    ON CONFLICT (workspace_id, user_id)
-                   DO UPDATE SET role = excluded.role, apps_access = excluded.apps_access""",
-                [workspace_id, user_id, new_role, int(access), utc_now()],
+                   DO UPDATE SET role = excluded.role, apps_access = excluded.apps_access,
+                   approver = excluded.approver""",
+                [workspace_id, user_id, new_role, int(access), utc_now(), int(approves)],
+            )
+            self._append_audit(
+                "member.set",
+                workspace_id=workspace_id,
+                detail={
+                    "userId": user_id,
+                    "role": new_role,
+                    "appsAccess": access,
+                    "approver": approves,
+                },
             )
         found = self.membership(workspace_id, user_id)
         assert found is not None
@@ -75,12 +89,13 @@ class PeopleStore(StoreBase):
 
     def membership(self, workspace_id: str, user_id: str) -> MembershipRecord | None:
         row = self.db.execute(
-            "SELECT role, apps_access FROM memberships WHERE workspace_id = ? AND user_id = ?",
+            """SELECT role, apps_access, approver FROM memberships
+               WHERE workspace_id = ? AND user_id = ?""",
             [workspace_id, user_id],
         ).fetchone()
         if row is None:
             return None
-        return MembershipRecord(workspace_id, user_id, row[0], bool(row[1]))
+        return MembershipRecord(workspace_id, user_id, row[0], bool(row[1]), bool(row[2]))
 
     def create_key(
         self,
@@ -112,6 +127,17 @@ class PeopleStore(StoreBase):
                     "revoked_at": None,
                 }
             )
+            self._append_audit(
+                "key.create",
+                workspace_id=workspace_id,
+                actor_user_id=user_id,
+                detail={
+                    "keyId": record.id,
+                    "kind": kind,
+                    "scopes": list(scopes),
+                    "prefix": record.prefix,
+                },
+            )
         return record, plaintext
 
     def find_key(self, plaintext: str) -> KeyRecord | None:
@@ -142,4 +168,6 @@ class PeopleStore(StoreBase):
                 "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
                 [utc_now(), key_id],
             )
+            if cur.rowcount:
+                self._append_audit("key.revoke", detail={"keyId": key_id})
         return bool(cur.rowcount)

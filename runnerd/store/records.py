@@ -84,6 +84,7 @@ class MembershipRecord(msgspec.Struct, frozen=True):
     user_id: str
     role: str  # admin | builder | member | viewer
     apps_access: bool
+    approver: bool = False  # may approve write calls from relays
 
 
 class KeyRecord(msgspec.Struct, frozen=True):

@@ -1,19 +1,134 @@
-"""Runs: the row written before a sandbox starts, and its end."""
+"""Runs, budgets and the usage ledger.
+
+A run's row is written before its sandbox starts, together with its budget reservation
+(the tool's timeout). Its end, its ledger row, its audit entry and the settlement of its
+reservation to the real time are written in one transaction. Runs a killed daemon left
+open are closed by ``recover_interrupted`` at the next start.
+"""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from runnerd.store.core import StoreBase
-from runnerd.store.records import (
-    InstallRecord,
-    new_id,
-    utc_now,
-)
+import msgspec
+
+from runnerd.errors import BudgetExhausted
+from runnerd.store.audit import AuditStore
+from runnerd.store.records import InstallRecord, new_id, utc_now
+
+LEDGER_KIND_TOOL = "app-tool"  # seed 000: "recorded in the usage ledger as app-tool"
 
 
-class RunsStore(StoreBase):
-    # --- Runs -------------------------------------------------------------------------------
+def month_of(stamp: str) -> str:
+    """'2026-11' of an ISO 8601 UTC time."""
+    return stamp[:7]
+
+
+def month_end(month: str) -> str:
+    """When a budget month ends (the next month starts), ISO 8601 UTC."""
+    start = datetime.strptime(month + "-01", "%Y-%m-%d").replace(tzinfo=UTC)
+    nxt = (start + timedelta(days=32)).replace(day=1)
+    return nxt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class BudgetStatus(msgspec.Struct, frozen=True):
+    install_id: str
+    month: str
+    monthly_ms: int | None  # None: unlimited
+    used_ms: int
+    reserved_ms: int
+    resets_at: str
+
+
+class RunRow(msgspec.Struct, frozen=True):
+    id: str
+    workspace_id: str
+    install_id: str
+    app_id: str
+    version_id: str
+    tool: str
+    user_id: str
+    surface: str
+    status: str
+    started_at: str
+    workflow_run_id: str | None = None
+    duration_ms: int | None = None
+    ended_at: str | None = None
+    error_kind: str | None = None
+    approval_id: str | None = None
+    user_email: str | None = None
+    version: str | None = None
+
+
+_RUN_SQL = """SELECT r.id, r.workspace_id, r.install_id, r.app_id, r.version_id, r.tool,
+    r.user_id, r.surface, r.status, r.started_at, r.workflow_run_id, r.duration_ms,
+    r.ended_at, r.error_kind, r.approval_id, u.email AS user_email, v.version
+FROM runs r LEFT JOIN users u ON u.id = r.user_id
+LEFT JOIN app_versions v ON v.id = r.version_id"""
+
+
+class RunsStore(AuditStore):
+    # --- budgets ------------------------------------------------------------------------------
+
+    def set_budget(
+        self,
+        install_id: str,
+        monthly_ms: int | None,
+        user_id: str | None,
+        *,
+        workspace_id: str,
+        key_id: str | None = None,
+    ) -> None:
+        with self._write():
+            before = self.db.execute(
+                "SELECT monthly_ms FROM budgets WHERE install_id = ?", [install_id]
+            ).fetchone()
+            self.db.execute(
+                """INSERT INTO budgets VALUES (?, ?, ?, ?) ON CONFLICT (install_id) DO UPDATE
+                   SET monthly_ms = excluded.monthly_ms, updated_at = excluded.updated_at,
+                   updated_by = excluded.updated_by""",
+                [install_id, monthly_ms, utc_now(), user_id],
+            )
+            self._append_audit(
+                "budget.set",
+                workspace_id=workspace_id,
+                install_id=install_id,
+                actor_user_id=user_id,
+                actor_key_id=key_id,
+                detail={
+                    "monthlyMs": monthly_ms,
+                    "previousMonthlyMs": before[0] if before else None,
+                },
+            )
+
+    def budget(self, install_id: str, month: str | None = None) -> BudgetStatus:
+        month = month or month_of(utc_now())
+        limit = self.db.execute(
+            "SELECT monthly_ms FROM budgets WHERE install_id = ?", [install_id]
+        ).fetchone()
+        usage = self.db.execute(
+            "SELECT used_ms, reserved_ms FROM budget_usage WHERE install_id = ? AND month = ?",
+            [install_id, month],
+        ).fetchone()
+        return BudgetStatus(
+            install_id=install_id,
+            month=month,
+            monthly_ms=limit[0] if limit else None,
+            used_ms=usage[0] if usage else 0,
+            reserved_ms=usage[1] if usage else 0,
+            resets_at=month_end(month),
+        )
+
+    def _usage(self, install_id: str, month: str, used: int, reserved: int) -> None:
+        self.db.execute(
+            """INSERT INTO budget_usage VALUES (?, ?, ?, ?) ON CONFLICT (install_id, month)
+               DO UPDATE SET used_ms = used_ms + excluded.used_ms,
+                             reserved_ms = MAX(0, reserved_ms + excluded.reserved_ms)""",
+            [install_id, month, used, reserved],
+        )
+
+    # --- runs ---------------------------------------------------------------------------------
 
     def start_run(
         self,
@@ -22,37 +137,213 @@ class RunsStore(StoreBase):
         tool: str,
         user_id: str,
         surface: str,
+        timeout_ms: int = 0,
+        version_id: str | None = None,
         workflow_run_id: str | None = None,
+        approval_id: str | None = None,
     ) -> str:
-        """A run's row, written before its sandbox starts."""
+        """Admit a run: check the budget, reserve the tool's timeout, write the run's row,
+        all in one transaction. Raises BudgetExhausted (and writes nothing) when the
+        month's budget is spent, counting what admitted runs have reserved."""
         run_id = new_id("run")
+        now = utc_now()
+        month = month_of(now)
         with self._write():
+            status = self.budget(install.id, month)
+            if status.monthly_ms is not None and (
+                status.used_ms + status.reserved_ms >= status.monthly_ms
+            ):
+                raise BudgetExhausted(install.id, status.resets_at)
+            self._usage(install.id, month, 0, timeout_ms)
             self.db.execute(
                 """INSERT INTO runs (id, workspace_id, install_id, app_id, version_id, tool,
-                   user_id, surface, workflow_run_id, started_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                   user_id, surface, workflow_run_id, started_at, reserved_ms, month,
+                   approval_id, timeout_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 [
                     run_id,
                     install.workspace_id,
                     install.id,
                     install.app_id,
-                    install.version_id,
+                    version_id or install.version_id,
                     tool,
                     user_id,
                     surface,
                     workflow_run_id,
-                    utc_now(),
+                    now,
+                    timeout_ms,
+                    month,
+                    approval_id,
+                    timeout_ms,
                 ],
             )
         return run_id
 
-    def finish_run(self, run_id: str, *, status: str, duration_ms: int) -> None:
+    def finish_run(
+        self,
+        run_id: str,
+        *,
+        status: str,
+        duration_ms: int,
+        error_kind: str | None = None,
+        key_id: str | None = None,
+    ) -> None:
+        """End a run: its row, its ledger row, its audit entry and its budget settlement,
+        in one transaction. Ending a run twice changes nothing the second time."""
         with self._write():
-            self.db.execute(
-                "UPDATE runs SET status = ?, duration_ms = ?, ended_at = ? WHERE id = ?",
-                [status, duration_ms, utc_now(), run_id],
-            )
+            self._finish(run_id, status, duration_ms, error_kind, key_id)
 
-    def get_run(self, run_id: str) -> dict[str, Any] | None:
-        rows = list(self.db.query("SELECT * FROM runs WHERE id = ?", [run_id]))
-        return rows[0] if rows else None
+    def _finish(
+        self, run_id: str, status: str, duration_ms: int, error_kind: str | None, key_id: str | None
+    ) -> None:
+        row = self.db.execute(
+            """SELECT workspace_id, install_id, app_id, version_id, tool, user_id, surface,
+                      workflow_run_id, reserved_ms, month, status FROM runs WHERE id = ?""",
+            [run_id],
+        ).fetchone()
+        if row is None or row[10] != "running":
+            return
+        (
+            workspace_id,
+            install_id,
+            app_id,
+            version_id,
+            tool,
+            user_id,
+            surface,
+            workflow_run_id,
+            reserved_ms,
+            month,
+            _,
+        ) = row
+        now = utc_now()
+        self.db.execute(
+            """UPDATE runs SET status = ?, duration_ms = ?, ended_at = ?, error_kind = ?,
+               reserved_ms = 0 WHERE id = ?""",
+            [status, duration_ms, now, error_kind, run_id],
+        )
+        payer_kind, payer_id = (
+            ("workflow_run", workflow_run_id) if workflow_run_id else ("workspace", workspace_id)
+        )
+        self.db.table("ledger").insert(
+            {
+                "id": new_id("led"),
+                "kind": LEDGER_KIND_TOOL,
+                "run_id": run_id,
+                "sandbox_ms": duration_ms,
+                "payer_kind": payer_kind,
+                "payer_id": payer_id,
+                "workspace_id": workspace_id,
+                "app_id": app_id,
+                "install_id": install_id,
+                "version_id": version_id,
+                "tool": tool,
+                "user_id": user_id,
+                "month": month,
+                "created_at": now,
+            }
+        )
+        self._usage(install_id, month, duration_ms, -reserved_ms)
+        self._append_audit(
+            "tool.run",
+            workspace_id=workspace_id,
+            actor_user_id=user_id,
+            actor_key_id=key_id,
+            install_id=install_id,
+            version_id=version_id,
+            tool=tool,
+            surface=surface,
+            status=status,
+            duration_ms=duration_ms,
+            reason=error_kind,
+            detail={
+                "runId": run_id,
+                **({"workflowRunId": workflow_run_id} if workflow_run_id else {}),
+            },
+        )
+
+    def recover_interrupted(self) -> list[str]:
+        """Close every run a stopped daemon left open: ``failed``, error ``interrupted``,
+        metered for the time known (from its start to now, at most its timeout), audited,
+        its reservation released. Returns their ids."""
+        now = datetime.now(UTC)
+        closed = []
+        with self._write():
+            rows = self.db.execute(
+                "SELECT id, started_at, timeout_ms FROM runs WHERE status = 'running'"
+            ).fetchall()
+            for run_id, started_at, timeout_ms in rows:
+                started = datetime.fromisoformat(started_at.replace("Z", "+00:00"))
+                known = int((now - started).total_seconds() * 1000)
+                self._finish(
+                    run_id, "failed", min(max(known, 0), timeout_ms or known), "interrupted", None
+                )
+                closed.append(run_id)
+        return closed
+
+    def get_run(self, run_id: str) -> RunRow | None:
+        rows = list(self.db.query(_RUN_SQL + " WHERE r.id = ?", [run_id]))
+        return RunRow(**rows[0]) if rows else None
+
+    def list_runs(
+        self,
+        install_id: str,
+        *,
+        tool: str | None = None,
+        status: str | None = None,
+        before: str | None = None,
+        limit: int = 50,
+    ) -> list[RunRow]:
+        """Runs of an install, newest first; ``before`` is the id of the last one seen."""
+        where, args = ["r.install_id = ?"], [install_id]
+        for column, value in (("r.tool", tool), ("r.status", status)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if before is not None:
+            where.append("r.id < ?")
+            args.append(before)
+        rows = self.db.query(
+            f"{_RUN_SQL} WHERE {' AND '.join(where)} ORDER BY r.id DESC LIMIT ?", [*args, limit]
+        )
+        return [RunRow(**r) for r in rows]
+
+    def latest_runs(self, install_id: str, per_tool: int) -> dict[str, list[RunRow]]:
+        rows = self.db.query(
+            f"""SELECT * FROM ({_RUN_SQL} WHERE r.install_id = ?) AS x
+                WHERE (SELECT COUNT(*) FROM runs y WHERE y.install_id = x.install_id
+                       AND y.tool = x.tool AND y.id > x.id) < ?
+                ORDER BY tool, id DESC""",
+            [install_id, per_tool],
+        )
+        found: dict[str, list[RunRow]] = {}
+        for r in rows:
+            found.setdefault(r["tool"], []).append(RunRow(**r))
+        return found
+
+    # --- the ledger ---------------------------------------------------------------------------
+
+    def ledger(
+        self,
+        *,
+        month: str | None = None,
+        workspace_id: str | None = None,
+        install_id: str | None = None,
+        app_id: str | None = None,
+        payer_id: str | None = None,
+    ) -> list[dict[str, Any]]:
+        where, args = ["1 = 1"], []
+        for column, value in (
+            ("month", month),
+            ("workspace_id", workspace_id),
+            ("install_id", install_id),
+            ("app_id", app_id),
+            ("payer_id", payer_id),
+        ):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        return list(
+            self.db.query(
+                f"SELECT * FROM ledger WHERE {' AND '.join(where)} ORDER BY created_at, id", args
+            )
+        )

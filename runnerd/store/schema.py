@@ -131,8 +131,114 @@ def _m2_people_installs_runs(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX runs_by_install ON runs (install_id, started_at)")
 
 
+def _m3_governance(db: sqlite_utils.Database) -> None:
+    """Secrets, budgets, the usage ledger, the audit trail, approvals, idempotency."""
+    db.execute("ALTER TABLE memberships ADD COLUMN approver INTEGER NOT NULL DEFAULT 0")
+    db.execute(
+        """CREATE TABLE install_secrets (
+            install_id TEXT NOT NULL REFERENCES installs(id),
+            name TEXT NOT NULL,
+            key_id TEXT NOT NULL,
+            nonce BLOB NOT NULL,
+            ciphertext BLOB NOT NULL,
+            updated_at TEXT NOT NULL,
+            updated_by TEXT,
+            PRIMARY KEY (install_id, name))"""
+    )
+    db.execute(
+        """CREATE TABLE budgets (
+            install_id TEXT PRIMARY KEY REFERENCES installs(id),
+            monthly_ms INTEGER,
+            updated_at TEXT NOT NULL,
+            updated_by TEXT)"""
+    )
+    db.execute(
+        """CREATE TABLE budget_usage (
+            install_id TEXT NOT NULL REFERENCES installs(id),
+            month TEXT NOT NULL,
+            used_ms INTEGER NOT NULL DEFAULT 0,
+            reserved_ms INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (install_id, month))"""
+    )
+    for column in (
+        "reserved_ms INTEGER NOT NULL DEFAULT 0",
+        "month TEXT",
+        "error_kind TEXT",
+        "approval_id TEXT",
+        "timeout_ms INTEGER",
+    ):
+        db.execute(f"ALTER TABLE runs ADD COLUMN {column}")
+    db.execute(
+        """CREATE TABLE ledger (
+            id TEXT PRIMARY KEY,
+            kind TEXT NOT NULL,
+            run_id TEXT UNIQUE,
+            sandbox_ms INTEGER NOT NULL,
+            payer_kind TEXT NOT NULL CHECK (payer_kind IN ('workspace', 'workflow_run')),
+            payer_id TEXT NOT NULL,
+            workspace_id TEXT NOT NULL,
+            app_id TEXT NOT NULL,
+            install_id TEXT NOT NULL,
+            version_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            user_id TEXT NOT NULL,
+            month TEXT NOT NULL,
+            created_at TEXT NOT NULL)"""
+    )
+    db.execute("CREATE INDEX ledger_by_month ON ledger (month, install_id)")
+    db.execute(
+        """CREATE TABLE audit (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL UNIQUE,
+            at TEXT NOT NULL,
+            workspace_id TEXT,
+            actor_user_id TEXT,
+            actor_key_id TEXT,
+            action TEXT NOT NULL,
+            install_id TEXT,
+            version_id TEXT,
+            tool TEXT,
+            surface TEXT,
+            status TEXT,
+            duration_ms INTEGER,
+            reason TEXT,
+            detail TEXT NOT NULL DEFAULT '{}',
+            prev_hash TEXT NOT NULL,
+            hash TEXT NOT NULL)"""
+    )
+    db.execute("CREATE INDEX audit_by_workspace ON audit (workspace_id, seq)")
+    db.execute(
+        """CREATE TABLE approvals (
+            id TEXT PRIMARY KEY,
+            workspace_id TEXT NOT NULL,
+            install_id TEXT NOT NULL,
+            version_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            input_hash TEXT NOT NULL,
+            surface TEXT NOT NULL,
+            requested_by TEXT NOT NULL,
+            status TEXT NOT NULL DEFAULT 'pending'
+                CHECK (status IN ('pending', 'approved', 'denied', 'expired')),
+            created_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL,
+            decided_by TEXT,
+            decided_at TEXT,
+            run_id TEXT)"""
+    )
+    db.execute(
+        """CREATE TABLE idempotency (
+            user_id TEXT NOT NULL,
+            key TEXT NOT NULL,
+            request_hash TEXT NOT NULL,
+            run_id TEXT,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (user_id, key))"""
+    )
+
+
 # Append only: a migration, once released, never changes.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m1_apps_and_versions,
     _m2_people_installs_runs,
+    _m3_governance,
 ]

@@ -1,0 +1,506 @@
+"""Governance endpoints: secrets, budgets, the ledger, the audit trail, approvals, and
+run history. Secret values go in and never come out; inputs and outputs are never
+recorded."""
+
+from __future__ import annotations
+
+import re
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runnerd.api.auth import Caller, caller_of
+from runnerd.api.errors import ApiError
+from runnerd.api.ops import Op, Param, json_response, read_body
+from runnerd.api.state import AppState
+from runnerd.api.tools import WORKSPACE, query_param
+from runnerd.api.wire import (
+    ApprovalInfo,
+    ApprovalList,
+    AuditInfo,
+    AuditList,
+    BudgetBody,
+    BudgetInfo,
+    Deleted,
+    LatestRuns,
+    LedgerList,
+    LedgerRow,
+    RunDetail,
+    RunInfo,
+    RunList,
+    SecretBody,
+    SecretInfo,
+    SecretList,
+)
+from runnerd.calls import Who
+from runnerd.store import ApprovalRow, InstallRecord, RunRow
+
+__all__ = ["OPS"]
+
+SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
+RESERVED_NAMES = {"PATH", "HOME", "LANG", "PWD", "SHELL", "USER", "TMPDIR"}
+RESERVED_PREFIXES = ("RUNNERD_", "LD_", "PYTHON", "NODE_", "NSJAIL")
+MAX_SECRET_BYTES = 32 * 1024  # runnerd: an API key or a certificate, not a file
+MIN_SECRET_CHARS = 4  # shorter values cannot be told apart from ordinary text to scrub
+SMALL_BODY = 64 * 1024
+
+
+def _install(request: Request, state: AppState, caller: Caller, role: str) -> InstallRecord:
+    """The install of the path, if the caller may act on it with ``role``; installs of
+    workspaces the caller is not in are not found."""
+    install = state.store.get_install(request.path_params["installId"])
+    if install is not None:
+        if caller.key.kind == "workspace":
+            visible = caller.key.workspace_id == install.workspace_id
+        else:
+            assert caller.user_id is not None
+            visible = state.store.membership(install.workspace_id, caller.user_id) is not None
+        if visible:
+            caller.member(state.store, install.workspace_id, role=role)
+            return install
+    raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
+
+
+def _who(caller: Caller) -> Who:
+    return Who(user_id=caller.need_person(), key_id=caller.key.id)
+
+
+# --- secrets ----------------------------------------------------------------------------------
+
+
+def _secret_name(request: Request) -> str:
+    name = str(request.path_params["name"])
+    if (
+        not SECRET_NAME.fullmatch(name)
+        or name in RESERVED_NAMES
+        or name.startswith(RESERVED_PREFIXES)
+    ):
+        raise ApiError(
+            "BAD_REQUEST",
+            "a secret name is an environment variable name: capital letters, "
+            "digits and underscores, not starting with a digit, and not one "
+            "runnerd or the runtimes use (PATH, HOME, LD_*, PYTHON*, NODE_*...)",
+            details={"code": "INVALID_SECRET_NAME"},
+        )
+    return name
+
+
+async def put_secret(request: Request, state: AppState) -> Response:
+    caller = caller_of(request, state, "apps:write")
+    install = _install(request, state, caller, "admin")
+    name = _secret_name(request)
+    body = await read_body(request, SecretBody, SMALL_BODY)
+    size = len(body.value.encode())
+    if size > MAX_SECRET_BYTES or len(body.value) < MIN_SECRET_CHARS:
+        raise ApiError(
+            "BAD_REQUEST",
+            f"a secret value is {MIN_SECRET_CHARS} characters to {MAX_SECRET_BYTES // 1024} KB",
+            details={"code": "INVALID_SECRET_VALUE"},
+        )
+    sealed = state.calls.vault.seal(install.id, name, body.value)
+    updated = state.store.put_secret(
+        install.id,
+        name,
+        sealed,
+        workspace_id=install.workspace_id,
+        user_id=caller.user_id,
+        key_id=caller.key.id,
+    )
+    return json_response(SecretInfo(name=name, updated_at=updated))
+
+
+async def list_secrets(request: Request, state: AppState) -> Response:
+    caller = caller_of(request, state, "api:read")
+    install = _install(request, state, caller, "builder")
+    names = state.store.secret_names(install.id)
+    return json_response(SecretList(data=[SecretInfo(name=n, updated_at=u) for n, u in names]))
+
+
+async def delete_secret(request: Request, state: AppState) -> Response:
+    caller = caller_of(request, state, "apps:write")
+    install = _install(request, state, caller, "admin")
+    name = _secret_name(request)
+    if not state.store.delete_secret(
+        install.id,
+        name,
+        workspace_id=install.workspace_id,
+        user_id=caller.user_id,
+        key_id=caller.key.id,
+    ):
+        raise ApiError(
+            "NOT_FOUND", f"the install has no secret {name}", details={"code": "SECRET_NOT_FOUND"}
+        )
+    return json_response(Deleted(name=name, deleted=True))
+
+
+# --- budgets ----------------------------------------------------------------------------------
+
+
+def _budget_info(state: AppState, install_id: str) -> BudgetInfo:
+    b = state.store.budget(install_id)
+    return BudgetInfo(
+        install_id=install_id,
+        month=b.month,
+        monthly_ms=b.monthly_ms,
+        used_ms=b.used_ms,
+        reserved_ms=b.reserved_ms,
+        resets_at=b.resets_at,
+    )
+
+
+async def get_budget(request: Request, state: AppState) -> Response:
+    caller = caller_of(request, state, "api:read")
+    install = _install(request, state, caller, "viewer")
+    return json_response(_budget_info(state, install.id))
+
+
+async def put_budget(request: Request, state: AppState) -> Response:
+    caller = caller_of(request, state, "apps:write")
+    install = _install(request, state, caller, "admin")
+    body = await read_body(request, BudgetBody, SMALL_BODY)
+    if body.monthly_ms is not None and body.monthly_ms < 0:
+        raise ApiError(
+            "BAD_REQUEST",
+            "monthlyMs is a number of milliseconds >= 0, or null for unlimited",
+            details={"code": "INVALID_BODY"},
+        )
+    state.store.set_budget(
+        install.id,
+        body.monthly_ms,
+        caller.user_id,
+        workspace_id=install.workspace_id,
+        key_id=caller.key.id,
+    )
+    return json_response(_budget_info(state, install.id))
+
+
+# --- ledger and audit -------------------------------------------------------------------------
+
+MONTH = re.compile(r"\d{4}-(0[1-9]|1[0-2])")
+
+
+def _admin_of_workspace(request: Request, state: AppState) -> str:
+    workspace_id = query_param(request, WORKSPACE)
+    assert workspace_id is not None
+    caller = caller_of(request, state, "api:read")
+    caller.need_person()
+    caller.member(state.store, workspace_id, role="admin", apps=False)
+    return workspace_id
+
+
+async def get_ledger(request: Request, state: AppState) -> Response:
+    workspace_id = _admin_of_workspace(request, state)
+    month = request.query_params.get("month")
+    if month is not None and not MONTH.fullmatch(month):
+        raise ApiError(
+            "BAD_REQUEST", "month is YYYY-MM", details={"code": "INVALID_QUERY", "field": "month"}
+        )
+    rows = state.store.ledger(
+        month=month,
+        workspace_id=workspace_id,
+        install_id=request.query_params.get("installId"),
+        app_id=request.query_params.get("appId"),
+        payer_id=request.query_params.get("payer"),
+    )
+    return json_response(LedgerList(data=[LedgerRow(**r) for r in rows]))
+
+
+async def get_audit(request: Request, state: AppState) -> Response:
+    workspace_id = _admin_of_workspace(request, state)
+    cursor = request.query_params.get("cursor", "0")
+    limit_text = request.query_params.get("limit", "100")
+    if not cursor.isdigit() or not limit_text.isdigit() or not 1 <= int(limit_text) <= 1000:
+        raise ApiError(
+            "BAD_REQUEST",
+            "cursor is a number; limit is 1 to 1000",
+            details={"code": "INVALID_QUERY"},
+        )
+    limit = int(limit_text)
+    entries = state.store.audit_entries(
+        workspace_id=workspace_id,
+        action=request.query_params.get("action"),
+        install_id=request.query_params.get("installId"),
+        after_seq=int(cursor),
+        limit=limit,
+    )
+    data = [AuditInfo(**{k: getattr(e, k) for k in e.__struct_fields__}) for e in entries]
+    next_cursor = str(entries[-1].seq) if len(entries) == limit else None
+    return json_response(AuditList(data=data, next_cursor=next_cursor))
+
+
+# --- approvals --------------------------------------------------------------------------------
+
+
+def _approval_info(a: ApprovalRow) -> ApprovalInfo:
+    return ApprovalInfo(
+        approval_id=a.id,
+        workspace_id=a.workspace_id,
+        install_id=a.install_id,
+        version_id=a.version_id,
+        tool=a.tool,
+        surface=a.surface,
+        requested_by=a.requested_by,
+        status=a.status,  # type: ignore[arg-type]
+        created_at=a.created_at,
+        expires_at=a.expires_at,
+        decided_by=a.decided_by,
+        decided_at=a.decided_at,
+        run_id=a.run_id,
+    )
+
+
+async def list_approvals(request: Request, state: AppState) -> Response:
+    workspace_id = query_param(request, WORKSPACE)
+    assert workspace_id is not None
+    caller = caller_of(request, state, "api:read")
+    caller.need_person()
+    caller.member(state.store, workspace_id, role="member")
+    state.calls.expire()
+    status = request.query_params.get("status")
+    rows = state.store.list_approvals(workspace_id, status)
+    return json_response(ApprovalList(data=[_approval_info(a) for a in rows]))
+
+
+async def _decide(request: Request, state: AppState, approve: bool) -> Response:
+    caller = caller_of(request, state, "tools:run")
+    who = _who(caller)
+    approval = state.store.get_approval(request.path_params["approvalId"])
+    if approval is None or state.store.membership(approval.workspace_id, who.user_id) is None:
+        raise ApiError("NOT_FOUND", "No such approval", details={"code": "APPROVAL_NOT_FOUND"})
+    caller.member(state.store, approval.workspace_id, role="member")
+    state.calls.expire()
+    decided = await state.calls.decide(approval.id, approve=approve, who=who)
+    return json_response(_approval_info(decided))
+
+
+async def approve(request: Request, state: AppState) -> Response:
+    return await _decide(request, state, True)
+
+
+async def deny(request: Request, state: AppState) -> Response:
+    return await _decide(request, state, False)
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+
+def _run_info(r: RunRow) -> RunInfo:
+    return RunInfo(
+        run_id=r.id,
+        install_id=r.install_id,
+        tool=r.tool,
+        version_id=r.version_id,
+        version=r.version,
+        status=r.status,  # type: ignore[arg-type]
+        duration_ms=r.duration_ms,
+        surface=r.surface,
+        user_id=r.user_id,
+        user_email=r.user_email,
+        started_at=r.started_at,
+        ended_at=r.ended_at,
+        error_kind=r.error_kind,
+        workflow_run_id=r.workflow_run_id,
+        approval_id=r.approval_id,
+    )
+
+
+async def get_run(request: Request, state: AppState) -> Response:
+    caller = caller_of(request, state, "api:read")
+    user_id = caller.need_person()
+    row = state.store.get_run(request.path_params["runId"])
+    if row is None or state.store.membership(row.workspace_id, user_id) is None:
+        raise ApiError("NOT_FOUND", "No such run", details={"code": "RUN_NOT_FOUND"})
+    caller.member(state.store, row.workspace_id, role="member")
+    detail = RunDetail(run=_run_info(row))
+    cached = state.calls.results.get(row.id) if row.status != "running" else None
+    if cached is not None:
+        detail = RunDetail(
+            run=detail.run, output=cached.output, error=cached.error, output_available=True
+        )
+    return json_response(detail)
+
+
+async def list_runs(request: Request, state: AppState) -> Response:
+    caller = caller_of(request, state, "api:read")
+    caller.need_person()
+    install = _install(request, state, caller, "viewer")
+    limit_text = request.query_params.get("limit", "50")
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= 500:
+        raise ApiError("BAD_REQUEST", "limit is 1 to 500", details={"code": "INVALID_QUERY"})
+    limit = int(limit_text)
+    rows = state.store.list_runs(
+        install.id,
+        tool=request.query_params.get("tool"),
+        status=request.query_params.get("status"),
+        before=request.query_params.get("cursor"),
+        limit=limit,
+    )
+    next_cursor = rows[-1].id if len(rows) == limit else None
+    return json_response(RunList(data=[_run_info(r) for r in rows], next_cursor=next_cursor))
+
+
+async def latest_runs(request: Request, state: AppState) -> Response:
+    caller = caller_of(request, state, "api:read")
+    caller.need_person()
+    install = _install(request, state, caller, "viewer")
+    per_tool = request.query_params.get("perTool", "5")
+    if not per_tool.isdigit() or not 1 <= int(per_tool) <= 50:
+        raise ApiError("BAD_REQUEST", "perTool is 1 to 50", details={"code": "INVALID_QUERY"})
+    found = state.store.latest_runs(install.id, int(per_tool))
+    return json_response(
+        LatestRuns(data={t: [_run_info(r) for r in rs] for t, rs in found.items()})
+    )
+
+
+_INSTALL = Param("installId", "The install.", required=True, max_length=64, where="path")
+_NAME = Param(
+    "name",
+    "The secret's name (an environment variable name).",
+    required=True,
+    max_length=128,
+    where="path",
+)
+_APPROVAL = Param("approvalId", "The approval.", required=True, max_length=64, where="path")
+
+OPS = [
+    Op(
+        "PUT",
+        "/api/v2/apps/installs/{installId}/secrets/{name}",
+        "setSecret",
+        "Set a secret of an install (admins)",
+        put_secret,
+        SecretInfo,
+        body=SecretBody,
+        params=(_INSTALL, _NAME),
+        description="The value is encrypted at rest and never returned by any endpoint.",
+    ),
+    Op(
+        "DELETE",
+        "/api/v2/apps/installs/{installId}/secrets/{name}",
+        "deleteSecret",
+        "Delete a secret of an install (admins)",
+        delete_secret,
+        Deleted,
+        params=(_INSTALL, _NAME),
+    ),
+    Op(
+        "GET",
+        "/api/v2/apps/installs/{installId}/secrets",
+        "listSecrets",
+        "List the names of an install's secrets (builders and admins)",
+        list_secrets,
+        SecretList,
+        params=(_INSTALL,),
+    ),
+    Op(
+        "GET",
+        "/api/v2/apps/installs/{installId}/budget",
+        "getBudget",
+        "The install's monthly budget and this month's use",
+        get_budget,
+        BudgetInfo,
+        params=(_INSTALL,),
+    ),
+    Op(
+        "PUT",
+        "/api/v2/apps/installs/{installId}/budget",
+        "setBudget",
+        "Set the install's monthly budget of sandbox time (admins); null is unlimited",
+        put_budget,
+        BudgetInfo,
+        body=BudgetBody,
+        params=(_INSTALL,),
+    ),
+    Op(
+        "GET",
+        "/api/v2/apps/installs/{installId}/runs",
+        "listRuns",
+        "The runs of an install, newest first (never inputs or outputs)",
+        list_runs,
+        RunList,
+        params=(
+            _INSTALL,
+            Param("tool", "Only this tool.", max_length=40),
+            Param("status", "Only this status.", max_length=16),
+            Param("cursor", "nextCursor of the previous page.", max_length=64),
+            Param("limit", "1 to 500 (default 50).", max_length=3),
+        ),
+    ),
+    Op(
+        "GET",
+        "/api/v2/apps/installs/{installId}/runs/latest",
+        "latestRuns",
+        "The last runs of each tool of an install",
+        latest_runs,
+        LatestRuns,
+        params=(_INSTALL, Param("perTool", "1 to 50 (default 5).", max_length=2)),
+    ),
+    Op(
+        "GET",
+        "/api/v2/runs/{runId}",
+        "getRun",
+        "One run, with its output while held in memory",
+        get_run,
+        RunDetail,
+        params=(Param("runId", "The run.", required=True, max_length=64, where="path"),),
+    ),
+    Op(
+        "GET",
+        "/api/v2/ledger",
+        "getLedger",
+        "The usage ledger of a workspace (admins)",
+        get_ledger,
+        LedgerList,
+        params=(
+            WORKSPACE,
+            Param("month", "YYYY-MM", max_length=7),
+            Param("installId", "Only this install.", max_length=64),
+            Param("appId", "Only this app.", max_length=64),
+            Param("payer", "Only this payer (workspace id or workflow run id).", max_length=128),
+        ),
+    ),
+    Op(
+        "GET",
+        "/api/v2/audit",
+        "getAudit",
+        "The audit trail of a workspace (admins)",
+        get_audit,
+        AuditList,
+        params=(
+            WORKSPACE,
+            Param("action", "Only this action or family (tool, app...).", max_length=64),
+            Param("installId", "Only this install.", max_length=64),
+            Param("cursor", "nextCursor of the previous page.", max_length=20),
+            Param("limit", "1 to 1000 (default 100).", max_length=4),
+        ),
+    ),
+    Op(
+        "GET",
+        "/api/v2/approvals",
+        "listApprovals",
+        "Approvals of write calls",
+        list_approvals,
+        ApprovalList,
+        params=(WORKSPACE, Param("status", "pending, approved, denied, expired", max_length=16)),
+    ),
+    Op(
+        "POST",
+        "/api/v2/approvals/{approvalId}/approve",
+        "approve",
+        "Approve a write call: releases exactly one run",
+        approve,
+        ApprovalInfo,
+        params=(_APPROVAL,),
+        errors=(400, 401, 403, 404, 409, 429, 500),
+    ),
+    Op(
+        "POST",
+        "/api/v2/approvals/{approvalId}/deny",
+        "deny",
+        "Deny a write call",
+        deny,
+        ApprovalInfo,
+        params=(_APPROVAL,),
+        errors=(400, 401, 403, 404, 409, 429, 500),
+    ),
+]

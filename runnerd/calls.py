@@ -1,0 +1,393 @@
+"""A call of an installed tool, with everything an organisation needs around the run:
+budget admission, approvals for writes, idempotency, secrets, metering and audit.
+
+HTTP-agnostic: it raises domain errors and returns results; the API maps both.
+Inputs, outputs and secret values stay in memory: the store gets hashes, names, ids,
+statuses and durations only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from runnerd.engine import Engine
+from runnerd.errors import RunnerdError
+from runnerd.runs import RunResult, tool_key
+from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord
+from runnerd.vault import Vault
+
+__all__ = [
+    "ApprovalUnavailable",
+    "CallResult",
+    "Calls",
+    "IdempotencyConflict",
+    "Pending",
+    "ToolNotFound",
+]
+
+# Surfaces whose write calls wait for a person's approval (seed 000, *Calling a tool*).
+APPROVAL_SURFACES = ("chat", "relay")
+
+
+class ToolNotFound(RunnerdError):
+    """The installed version has no tool of that name."""
+
+
+class IdempotencyConflict(RunnerdError):
+    """The Idempotency-Key was first used with another request."""
+
+
+class ApprovalUnavailable(RunnerdError):
+    """An approval that cannot be decided or run (not pending, expired, not yours...)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class CallResult:
+    run_id: str
+    status: str
+    output: Any
+    error: str | None
+    duration_ms: int
+
+
+@dataclass(frozen=True)
+class Pending:
+    approval_id: str
+    expires_at: str
+
+
+@dataclass(frozen=True)
+class Who:
+    """The person a call is for, and the key they used (for the audit)."""
+
+    user_id: str
+    key_id: str | None = None
+
+
+def request_hash(install_id: str, version_id: str, tool: str, value: Any) -> str:
+    """What approvals and idempotency keys are bound to: never the input itself."""
+    digest = hashlib.sha256()
+    digest.update(f"{install_id}\0{version_id}\0{tool}\0".encode())
+    digest.update(msgspec.json.encode(value, order="sorted"))
+    return digest.hexdigest()
+
+
+class ResultCache:
+    """Finished results in memory for a while (GET /runs/{id}, idempotent replays),
+    bounded in bytes; never written anywhere."""
+
+    def __init__(self, max_bytes: int, ttl_s: float) -> None:
+        self.max_bytes = max_bytes
+        self.ttl_s = ttl_s
+        self._items: OrderedDict[str, tuple[float, int, CallResult]] = OrderedDict()
+        self._bytes = 0
+
+    def put(self, result: CallResult) -> None:
+        size = len(msgspec.json.encode(result.output)) + len(result.error or "") + 256
+        if size > self.max_bytes:
+            return
+        self._items[result.run_id] = (time.monotonic(), size, result)
+        self._bytes += size
+        while self._bytes > self.max_bytes or (
+            self._items and time.monotonic() - next(iter(self._items.values()))[0] > self.ttl_s
+        ):
+            _, (_, old_size, _) = self._items.popitem(last=False)
+            self._bytes -= old_size
+
+    def get(self, run_id: str) -> CallResult | None:
+        found = self._items.get(run_id)
+        if found is None or time.monotonic() - found[0] > self.ttl_s:
+            return None
+        return found[2]
+
+
+@dataclass
+class _Held:
+    """A write call waiting for approval: its input lives only here, in memory."""
+
+    value: Any
+    who: Who
+    workflow_run_id: str | None
+
+
+@dataclass
+class Calls:
+    store: Store
+    engine: Engine
+    vault: Vault
+    approval_ttl_s: int = 900
+    idempotency_ttl_s: int = 86_400
+    results: ResultCache = field(default_factory=lambda: ResultCache(64 << 20, 86_400))
+    _held: dict[str, _Held] = field(default_factory=dict)
+    _running: dict[str, asyncio.Future[CallResult]] = field(default_factory=dict)
+    _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    # --- the call ---------------------------------------------------------------------------
+
+    def tool(self, install: InstallRecord, name: str, version_id: str | None = None) -> ToolRecord:
+        tool = self.store.get_tool(version_id or install.version_id, name)
+        if tool is None:
+            raise ToolNotFound(f"the installed version has no tool {name!r}")
+        return tool
+
+    def secrets_of(self, install_id: str) -> dict[str, str]:
+        return {
+            name: self.vault.open(iid, name, kid, nonce, ct)
+            for iid, name, kid, nonce, ct in self.store.sealed_secrets(install_id)
+        }
+
+    async def call(
+        self,
+        install: InstallRecord,
+        tool_name: str,
+        value: Any,
+        *,
+        who: Who,
+        surface: str,
+        workflow_run_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> CallResult | Pending:
+        """Check, then run (or hold for approval). Raises ToolNotFound, InputRejected,
+        BudgetExhausted or IdempotencyConflict before any sandbox starts."""
+        version_id = install.version_id  # resolved once: a later switch does not touch it
+        tool = self.tool(install, tool_name, version_id)
+        self.engine.runner.check_input(tool, value, key=tool_key(tool, version_id))
+        fingerprint = request_hash(install.id, version_id, tool.name, value)
+        if idempotency_key is not None:
+            replay = await self._replay(who, idempotency_key, fingerprint)
+            if replay is not None:
+                return replay
+        try:
+            if tool.effect == "write" and surface in APPROVAL_SURFACES:
+                approval = self.store.create_approval(
+                    workspace_id=install.workspace_id,
+                    install_id=install.id,
+                    version_id=version_id,
+                    tool=tool.name,
+                    input_hash=fingerprint,
+                    surface=surface,
+                    requested_by=who.user_id,
+                    ttl_s=self.approval_ttl_s,
+                )
+                self._held[approval.id] = _Held(value, who, workflow_run_id)
+                if idempotency_key is not None:
+                    self.store.settle_idempotency_key(who.user_id, idempotency_key, None)
+                return Pending(approval.id, approval.expires_at)
+            result = await self._run(
+                install,
+                tool,
+                value,
+                who=who,
+                surface=surface,
+                version_id=version_id,
+                workflow_run_id=workflow_run_id,
+                idempotency_key=idempotency_key,
+            )
+        except BaseException:
+            if idempotency_key is not None:
+                self.store.settle_idempotency_key(who.user_id, idempotency_key, None)
+            raise
+        return result
+
+    async def _run(
+        self,
+        install: InstallRecord,
+        tool: ToolRecord,
+        value: Any,
+        *,
+        who: Who,
+        surface: str,
+        version_id: str,
+        workflow_run_id: str | None,
+        idempotency_key: str | None = None,
+        approval_id: str | None = None,
+    ) -> CallResult:
+        run_id = self.store.start_run(
+            install=install,
+            tool=tool.name,
+            user_id=who.user_id,
+            surface=surface,
+            timeout_ms=tool.timeout_ms,
+            version_id=version_id,
+            workflow_run_id=workflow_run_id,
+            approval_id=approval_id,
+        )
+        if idempotency_key is not None:
+            self.store.settle_idempotency_key(who.user_id, idempotency_key, run_id)
+        done: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
+        self._running[run_id] = done
+        try:
+            outcome: RunResult = await self.engine.runner.run(
+                tool, value, secrets=self.secrets_of(install.id), version_id=version_id
+            )
+        except BaseException:
+            self.store.finish_run(
+                run_id,
+                status="failed",
+                duration_ms=0,
+                error_kind="sandbox_unavailable",
+                key_id=who.key_id,
+            )
+            done.cancel()
+            self._running.pop(run_id, None)
+            raise
+        self.store.finish_run(
+            run_id,
+            status=outcome.status,
+            duration_ms=outcome.duration_ms,
+            error_kind=None if outcome.status == "succeeded" else outcome.status,
+            key_id=who.key_id,
+        )
+        result = CallResult(
+            run_id, outcome.status, outcome.output, outcome.error, outcome.duration_ms
+        )
+        self.results.put(result)
+        done.set_result(result)
+        self._running.pop(run_id, None)
+        return result
+
+    async def _replay(self, who: Who, key: str, fingerprint: str) -> CallResult | None:
+        """The first run's result for a repeated key, or None (the key is now claimed)."""
+        found = self.store.claim_idempotency_key(
+            who.user_id, key, fingerprint, self.idempotency_ttl_s
+        )
+        if found is None:
+            return None
+        first_hash, run_id = found
+        if first_hash != fingerprint:
+            raise IdempotencyConflict(
+                "this Idempotency-Key was already used with a different request"
+            )
+        deadline = time.monotonic() + 330
+        while run_id is None and time.monotonic() < deadline:  # the first call is starting
+            await asyncio.sleep(0.02)
+            again = self.store.claim_idempotency_key(
+                who.user_id, key, fingerprint, self.idempotency_ttl_s
+            )
+            run_id = again[1] if again else None
+            if again is None:  # the first call was refused and released the key
+                return None
+        assert run_id is not None
+        running = self._running.get(run_id)
+        if running is not None:
+            return await asyncio.shield(running)
+        return self.recorded(run_id)
+
+    def recorded(self, run_id: str) -> CallResult:
+        """A finished run's result: from memory when still there, else its record (the
+        output and error are never stored, so they are null then)."""
+        cached = self.results.get(run_id)
+        if cached is not None:
+            return cached
+        row = self.store.get_run(run_id)
+        assert row is not None
+        return CallResult(run_id, row.status, None, None, row.duration_ms or 0)
+
+    # --- approvals --------------------------------------------------------------------------
+
+    def may_decide(self, approval: ApprovalRow, user_id: str) -> bool:
+        """From chat, the person who asked decides; from a relay, an approver (or admin)."""
+        if approval.surface == "chat":
+            return approval.requested_by == user_id
+        member = self.store.membership(approval.workspace_id, user_id)
+        return member is not None and (member.approver or member.role == "admin")
+
+    async def decide(self, approval_id: str, *, approve: bool, who: Who) -> ApprovalRow:
+        """Approve (which releases exactly one run, started now) or deny an approval."""
+        approval = self.store.get_approval(approval_id)
+        if approval is None:
+            raise ApprovalUnavailable("APPROVAL_NOT_FOUND", "no such approval")
+        if not self.may_decide(approval, who.user_id):
+            raise ApprovalUnavailable(
+                "NOT_AN_APPROVER",
+                "from chat only the person who asked decides; from a relay, an approver",
+            )
+        decided = self.store.decide_approval(
+            approval_id, approve=approve, user_id=who.user_id, key_id=who.key_id
+        )
+        held = self._held.pop(approval_id, None)
+        if decided is None:
+            current = self.store.get_approval(approval_id)
+            status = current.status if current else "missing"
+            raise ApprovalUnavailable("APPROVAL_NOT_PENDING", f"the approval is {status}")
+        if not approve:
+            return decided
+        if held is None:
+            raise ApprovalUnavailable(
+                "APPROVAL_REQUEST_LOST",
+                "the daemon restarted since the call was made, and calls waiting for "
+                "approval are kept in memory only: make the call again",
+            )
+        install = self.store.get_install(decided.install_id)
+        assert install is not None
+        tool = self.tool(install, decided.tool, decided.version_id)
+        run_id = self.store.start_run(
+            install=install,
+            tool=tool.name,
+            user_id=held.who.user_id,
+            surface=decided.surface,
+            timeout_ms=tool.timeout_ms,
+            version_id=decided.version_id,
+            workflow_run_id=held.workflow_run_id,
+            approval_id=approval_id,
+        )
+        self.store.attach_run(approval_id, run_id)
+        task = asyncio.ensure_future(self._approved_run(run_id, install, tool, held, decided))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        found = self.store.get_approval(approval_id)
+        assert found is not None
+        return found
+
+    async def _approved_run(
+        self,
+        run_id: str,
+        install: InstallRecord,
+        tool: ToolRecord,
+        held: _Held,
+        approval: ApprovalRow,
+    ) -> None:
+        try:
+            outcome = await self.engine.runner.run(
+                tool,
+                held.value,
+                secrets=self.secrets_of(install.id),
+                version_id=approval.version_id,
+            )
+        except Exception:
+            self.store.finish_run(
+                run_id, status="failed", duration_ms=0, error_kind="sandbox_unavailable"
+            )
+            return
+        self.store.finish_run(
+            run_id,
+            status=outcome.status,
+            duration_ms=outcome.duration_ms,
+            error_kind=None if outcome.status == "succeeded" else outcome.status,
+        )
+        self.results.put(
+            CallResult(run_id, outcome.status, outcome.output, outcome.error, outcome.duration_ms)
+        )
+
+    def expire(self) -> list[str]:
+        """Expire approvals past their time, and forget their held inputs."""
+        expired = self.store.expire_approvals()
+        for approval_id in expired:
+            self._held.pop(approval_id, None)
+        return expired
+
+    async def drain(self, timeout: float) -> None:
+        """Wait for approved runs still going (at shutdown)."""
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=timeout)

@@ -1,0 +1,185 @@
+"""Approvals of write calls from chat and relays, and idempotency keys of run requests.
+
+Neither table holds an input: an approval and an idempotency key are bound to the
+SHA-256 of the request (install, version, tool and input), never to the input itself.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import msgspec
+
+from runnerd.store.audit import AuditStore
+from runnerd.store.records import new_id, utc_now
+
+
+class ApprovalRow(msgspec.Struct, frozen=True):
+    id: str
+    workspace_id: str
+    install_id: str
+    version_id: str
+    tool: str
+    input_hash: str
+    surface: str
+    requested_by: str
+    status: str  # pending | approved | denied | expired
+    created_at: str
+    expires_at: str
+    decided_by: str | None = None
+    decided_at: str | None = None
+    run_id: str | None = None
+
+
+def _stamp(when: datetime) -> str:
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class ApprovalsStore(AuditStore):
+    def create_approval(
+        self,
+        *,
+        workspace_id: str,
+        install_id: str,
+        version_id: str,
+        tool: str,
+        input_hash: str,
+        surface: str,
+        requested_by: str,
+        ttl_s: int,
+    ) -> ApprovalRow:
+        now = datetime.now(UTC)
+        row = ApprovalRow(
+            id=new_id("apr"),
+            workspace_id=workspace_id,
+            install_id=install_id,
+            version_id=version_id,
+            tool=tool,
+            input_hash=input_hash,
+            surface=surface,
+            requested_by=requested_by,
+            status="pending",
+            created_at=_stamp(now),
+            expires_at=_stamp(now + timedelta(seconds=ttl_s)),
+        )
+        with self._write():
+            self.db.table("approvals").insert(msgspec.structs.asdict(row))
+            self._append_audit(
+                "approval.request",
+                workspace_id=workspace_id,
+                install_id=install_id,
+                version_id=version_id,
+                tool=tool,
+                surface=surface,
+                actor_user_id=requested_by,
+                detail={"approvalId": row.id},
+            )
+        return row
+
+    def get_approval(self, approval_id: str) -> ApprovalRow | None:
+        rows = list(self.db.query("SELECT * FROM approvals WHERE id = ?", [approval_id]))
+        return ApprovalRow(**rows[0]) if rows else None
+
+    def list_approvals(self, workspace_id: str, status: str | None = None) -> list[ApprovalRow]:
+        self.expire_approvals()
+        sql, args = "SELECT * FROM approvals WHERE workspace_id = ?", [workspace_id]
+        if status:
+            sql, args = sql + " AND status = ?", [*args, status]
+        return [ApprovalRow(**r) for r in self.db.query(sql + " ORDER BY id DESC", args)]
+
+    def decide_approval(
+        self, approval_id: str, *, approve: bool, user_id: str, key_id: str | None = None
+    ) -> ApprovalRow | None:
+        """Move a pending, unexpired approval to approved or denied, exactly once (a
+        conditional update: of two racing decisions, one wins). None when it was not
+        pending any more; expired approvals are marked so on the way."""
+        self.expire_approvals()
+        status = "approved" if approve else "denied"
+        now = utc_now()
+        with self._write():
+            cur = self.db.execute(
+                """UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?
+                   WHERE id = ? AND status = 'pending' AND expires_at > ?""",
+                [status, user_id, now, approval_id, now],
+            )
+            if not cur.rowcount:
+                return None
+            row = self.get_approval(approval_id)
+            assert row is not None
+            self._append_audit(
+                f"approval.{'approve' if approve else 'deny'}",
+                workspace_id=row.workspace_id,
+                install_id=row.install_id,
+                version_id=row.version_id,
+                tool=row.tool,
+                surface=row.surface,
+                actor_user_id=user_id,
+                actor_key_id=key_id,
+                detail={"approvalId": approval_id},
+            )
+        return row
+
+    def attach_run(self, approval_id: str, run_id: str) -> None:
+        with self._write():
+            self.db.execute("UPDATE approvals SET run_id = ? WHERE id = ?", [run_id, approval_id])
+
+    def expire_approvals(self) -> list[str]:
+        """Mark every pending approval past its time as expired, and audit each."""
+        now = utc_now()
+        with self._write():
+            rows = self.db.execute(
+                """SELECT id, workspace_id, install_id, version_id, tool, surface FROM approvals
+                   WHERE status = 'pending' AND expires_at <= ?""",
+                [now],
+            ).fetchall()
+            for approval_id, ws, install_id, version_id, tool, surface in rows:
+                self.db.execute(
+                    "UPDATE approvals SET status = 'expired', decided_at = ? WHERE id = ?",
+                    [now, approval_id],
+                )
+                self._append_audit(
+                    "approval.expire",
+                    workspace_id=ws,
+                    install_id=install_id,
+                    version_id=version_id,
+                    tool=tool,
+                    surface=surface,
+                    detail={"approvalId": approval_id},
+                )
+        return [r[0] for r in rows]
+
+    # --- idempotency --------------------------------------------------------------------------
+
+    def claim_idempotency_key(
+        self, user_id: str, key: str, request_hash: str, max_age_s: int
+    ) -> tuple[str, str | None] | None:
+        """Claim ``key`` for this request. None: claimed, go on. Else (hash it was first
+        used with, run id or None while the first call runs). Keys older than
+        ``max_age_s`` are forgotten."""
+        cutoff = _stamp(datetime.now(UTC) - timedelta(seconds=max_age_s))
+        with self._write():
+            self.db.execute("DELETE FROM idempotency WHERE created_at < ?", [cutoff])
+            row = self.db.execute(
+                "SELECT request_hash, run_id FROM idempotency WHERE user_id = ? AND key = ?",
+                [user_id, key],
+            ).fetchone()
+            if row is not None:
+                return row[0], row[1]
+            self.db.execute(
+                "INSERT INTO idempotency VALUES (?, ?, ?, NULL, ?)",
+                [user_id, key, request_hash, utc_now()],
+            )
+        return None
+
+    def settle_idempotency_key(self, user_id: str, key: str, run_id: str | None) -> None:
+        """Record the run a key released; None releases the key (the call was refused)."""
+        with self._write():
+            if run_id is None:
+                self.db.execute(
+                    "DELETE FROM idempotency WHERE user_id = ? AND key = ?", [user_id, key]
+                )
+            else:
+                self.db.execute(
+                    "UPDATE idempotency SET run_id = ? WHERE user_id = ? AND key = ?",
+                    [run_id, user_id, key],
+                )

@@ -1,0 +1,93 @@
+"""Secrets at rest: AES-256-GCM with a key kept apart from the database.
+
+The key is 32 random bytes, base64 in a 0600 file (``<data dir>/secrets.key`` unless
+``secrets_key_file`` says otherwise), or given directly as ``secrets_key`` (base64, from
+the config or RUNNERD_SECRETS_KEY). Each ciphertext is bound to its install and name
+(GCM associated data), so a row copied onto another install does not decrypt, and
+carries the id of its key, so a rotation is checkable row by row.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import secrets
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from runnerd.errors import RunnerdError
+
+__all__ = ["Vault", "VaultError", "new_key"]
+
+
+class VaultError(RunnerdError):
+    """The key is missing or wrong for a stored secret."""
+
+
+def new_key() -> bytes:
+    return secrets.token_bytes(32)
+
+
+def key_id(key: bytes) -> str:
+    return hashlib.sha256(b"runnerd-secrets-key" + key).hexdigest()[:16]
+
+
+def _aad(install_id: str, name: str) -> bytes:
+    return f"{install_id}\0{name}".encode()
+
+
+class Vault:
+    def __init__(self, key: bytes, key_file: Path | None = None) -> None:
+        if len(key) != 32:
+            raise VaultError("the secrets key must be 32 bytes (base64 of 32 random bytes)")
+        self._aead = AESGCM(key)
+        self.key_id = key_id(key)
+        self._key_file = key_file
+
+    @classmethod
+    def from_settings(cls, key_b64: str | None, key_file: Path) -> Vault:
+        """The configured key, else the key file (created, 0600, on first use)."""
+        if key_b64:
+            return cls(base64.b64decode(key_b64))
+        if not key_file.exists():
+            write_key_file(key_file, new_key())
+        return cls(base64.b64decode(key_file.read_text().strip()), key_file)
+
+    def _reload(self) -> None:
+        """Pick up a rotated key file (``runnerd admin rotate-secrets-key`` while serving)."""
+        if self._key_file is not None and self._key_file.exists():
+            key = base64.b64decode(self._key_file.read_text().strip())
+            self._aead, self.key_id = AESGCM(key), key_id(key)
+
+    def seal(self, install_id: str, name: str, value: str) -> tuple[str, bytes, bytes]:
+        """(key id, nonce, ciphertext) for ``value``."""
+        nonce = secrets.token_bytes(12)
+        return self.key_id, nonce, self._aead.encrypt(nonce, value.encode(), _aad(install_id, name))
+
+    def open(self, install_id: str, name: str, kid: str, nonce: bytes, ciphertext: bytes) -> str:
+        if kid != self.key_id:
+            self._reload()
+        if kid != self.key_id:
+            raise VaultError(
+                f"secret {name} was sealed with key {kid}, not the configured "
+                f"key {self.key_id}: is secrets_key_file right?"
+            )
+        try:
+            return self._aead.decrypt(nonce, ciphertext, _aad(install_id, name)).decode()
+        except InvalidTag:
+            raise VaultError(f"secret {name} does not decrypt with the configured key") from None
+
+
+def write_key_file(path: Path, key: bytes) -> None:
+    """Write a key file atomically, 0600 from its first byte."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(path.name + ".tmp")
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(base64.b64encode(key).decode() + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(staging, path)
