@@ -100,7 +100,9 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     workspace = store.create_workspace(args.workspace)
     user = store.ensure_user(args.email)
     store.set_membership(workspace.id, user.id, role="admin", apps_access=True)
-    _, key = store.create_key(kind="personal", user_id=user.id, name="bootstrap")
+    _, key = store.create_key(
+        kind="personal", user_id=user.id, name="bootstrap", audit_workspace_id=workspace.id
+    )
     sys.stdout.write(
         json.dumps({"workspaceId": workspace.id, "userId": user.id, "apiKey": key}) + "\n"
     )
@@ -111,14 +113,19 @@ def cmd_add_person(args: argparse.Namespace) -> int:
     store = _store(args)
     ws = _workspace(store, args.workspace)
     user = store.ensure_user(args.email)
-    member = store.set_membership(ws, user.id, role=args.role, apps_access=args.apps_access)
+    member = store.set_membership(
+        ws, user.id, role=args.role, apps_access=args.apps_access, approver=args.approver
+    )
     result: dict[str, Any] = {
         "userId": user.id,
         "role": member.role,
         "appsAccess": member.apps_access,
+        "approver": member.approver,
     }
     if args.key:
-        _, result["apiKey"] = store.create_key(kind="personal", user_id=user.id)
+        _, result["apiKey"] = store.create_key(
+            kind="personal", user_id=user.id, audit_workspace_id=ws
+        )
     return _out(
         args,
         result,
@@ -134,10 +141,17 @@ def cmd_set_role(args: argparse.Namespace) -> int:
     store = _store(args)
     ws = _workspace(store, args.workspace)
     user = store.ensure_user(args.email)
-    member = store.set_membership(ws, user.id, role=args.role, apps_access=args.apps_access)
+    member = store.set_membership(
+        ws, user.id, role=args.role, apps_access=args.apps_access, approver=args.approver
+    )
     return _out(
         args,
-        {"userId": user.id, "role": member.role, "appsAccess": member.apps_access},
+        {
+            "userId": user.id,
+            "role": member.role,
+            "appsAccess": member.apps_access,
+            "approver": member.approver,
+        },
         lambda: print(f"{args.email}: {member.role}, Apps {'on' if member.apps_access else 'off'}"),
     )
 
@@ -621,6 +635,12 @@ def register(
             action=argparse.BooleanOptionalAction,
             default=None,
             help="access to the Apps module",
+        )
+        p.add_argument(
+            "--approver",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="may approve write calls from relays",
         )
         if name == "add-person":
             p.add_argument("--key", action="store_true", help="also create a personal key")

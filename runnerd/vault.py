@@ -63,7 +63,8 @@ class Vault:
             self._aead, self.key_id = AESGCM(key), key_id(key)
 
     def seal(self, install_id: str, name: str, value: str) -> tuple[str, bytes, bytes]:
-        """(key id, nonce, ciphertext) for ``value``."""
+        """(key id, nonce, ciphertext) for ``value``, under the current key file's key."""
+        self._reload()
         nonce = secrets.token_bytes(12)
         return self.key_id, nonce, self._aead.encrypt(nonce, value.encode(), _aad(install_id, name))
 

@@ -79,9 +79,16 @@ class Daemon:
         finally:
             store.close()
 
-    def call(self, method: str, path: str, key: str | None = None, **kw: Any) -> httpx.Response:
-        headers = {"X-API-Key": key} if key else {}
-        return self.http.request(method, path, headers=headers, **kw)
+    def call(
+        self,
+        method: str,
+        path: str,
+        key: str | None = None,
+        headers: dict[str, str] | None = None,
+        **kw: Any,
+    ) -> httpx.Response:
+        merged = {**(headers or {}), **({"X-API-Key": key} if key else {})}
+        return self.http.request(method, path, headers=merged, **kw)
 
     def deploy(self, app_dir: Path, key: str | None = None) -> httpx.Response:
         files = {p: base64.b64encode(d).decode() for p, d in read_app_dir(app_dir).items()}

@@ -440,8 +440,15 @@ def test_every_route_answers_errors_in_the_envelope(daemon: Daemon) -> None:
     from runnerd.api.app import OPS
 
     for op in OPS:
-        path = op.path.format(installId="inst_x", toolName="t", appSlug="a", version="1",
-                              name="KEY", runId="run_x", approvalId="apr_x")
+        path = op.path.format(
+            installId="inst_x",
+            toolName="t",
+            appSlug="a",
+            version="1",
+            name="KEY",
+            runId="run_x",
+            approvalId="apr_x",
+        )
         allowed = {o.method for o in OPS if o.path == op.path}
         wrong = next(m for m in ("PATCH", "DELETE", "PUT") if m not in allowed)
         envelope(daemon.call(wrong, path), 405, "METHOD_NOT_ALLOWED")

@@ -13,7 +13,7 @@ import binascii
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runnerd.api.auth import caller_of
+from runnerd.api.auth import Caller, caller_of
 from runnerd.api.errors import ApiError
 from runnerd.api.ops import Op, Param, json_response, read_body
 from runnerd.api.state import AppState
@@ -124,7 +124,9 @@ async def deploy(request: Request, state: AppState) -> Response:
     existing = state.store.get_app(bundle.manifest.slug)
     if existing is not None:
         _owned_app(state.store, existing.slug, workspace_id)
-    version = state.store.add_version(bundle, workspace_id=workspace_id)
+    version = state.store.add_version(
+        bundle, workspace_id=workspace_id, user_id=caller.user_id, key_id=caller.key.id
+    )
     warnings = [Problem(file=w.file, message=w.message, line=w.line) for w in bundle.warnings]
     return json_response(
         DeployResult(version=_version_info(state.store, version), warnings=warnings), status=201
@@ -163,7 +165,7 @@ async def publish(request: Request, state: AppState) -> Response:
     version = state.store.find_version(app.id, request.path_params["version"])
     if version is None:
         raise ApiError("NOT_FOUND", "No such version", details={"code": "VERSION_NOT_FOUND"})
-    state.store.publish(version.id, caller.user_id)
+    state.store.publish(version.id, caller.user_id, workspace_id=workspace_id, key_id=caller.key.id)
     return json_response(_version_info(state.store, version))
 
 
@@ -184,30 +186,35 @@ async def create_install(request: Request, state: AppState) -> Response:
     caller.member(state.store, workspace_id, role="admin")
     body = await read_body(request, InstallBody, SMALL_BODY)
     version = _published_version(state.store, body.app_slug, body.version)
-    install = state.store.create_install(workspace_id, version.app_id, version.id, user_id)
+    install = state.store.create_install(
+        workspace_id, version.app_id, version.id, user_id, key_id=caller.key.id
+    )
     return json_response(_install_info(install), status=201)
 
 
-def _install_for_admin(request: Request, state: AppState) -> InstallRecord:
+def _install_for_admin(request: Request, state: AppState) -> tuple[InstallRecord, Caller]:
     caller = caller_of(request, state, "apps:write")
     user_id = caller.need_person()
     install = state.store.get_install(request.path_params["installId"])
     if install is None or state.store.membership(install.workspace_id, user_id) is None:
         raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
     caller.member(state.store, install.workspace_id, role="admin")
-    return install
+    return install, caller
 
 
 async def switch_install(request: Request, state: AppState) -> Response:
-    install = _install_for_admin(request, state)
+    install, caller = _install_for_admin(request, state)
     body = await read_body(request, SwitchBody, SMALL_BODY)
     version = _published_version(state.store, install.app_slug, body.version)
-    return json_response(_install_info(state.store.switch_install(install.id, version.id)))
+    switched = state.store.switch_install(
+        install.id, version.id, user_id=caller.user_id, key_id=caller.key.id
+    )
+    return json_response(_install_info(switched))
 
 
 async def rollback_install(request: Request, state: AppState) -> Response:
-    install = _install_for_admin(request, state)
-    rolled = state.store.rollback_install(install.id)
+    install, caller = _install_for_admin(request, state)
+    rolled = state.store.rollback_install(install.id, user_id=caller.user_id, key_id=caller.key.id)
     if rolled is None:
         raise ApiError(
             "BAD_REQUEST",

@@ -105,8 +105,10 @@ class PeopleStore(AuditStore):
         workspace_id: str | None = None,
         scopes: tuple[str, ...] = (),
         name: str = "",
+        audit_workspace_id: str | None = None,
     ) -> tuple[KeyRecord, str]:
-        """A new API key; returns the record and the plaintext, which is never stored."""
+        """A new API key; returns the record and the plaintext, which is never stored.
+        ``audit_workspace_id`` files the audit entry of a personal key under a workspace."""
         plaintext = f"rk_{kind[0]}_{secrets.token_urlsafe(30)}"
         record = KeyRecord(
             id=new_id("key"),
@@ -129,7 +131,7 @@ class PeopleStore(AuditStore):
             )
             self._append_audit(
                 "key.create",
-                workspace_id=workspace_id,
+                workspace_id=workspace_id or audit_workspace_id,
                 actor_user_id=user_id,
                 detail={
                     "keyId": record.id,
