@@ -656,3 +656,43 @@ def test_kill_9_during_a_run_leaves_its_rows_and_the_restart_closes_them(
         finally:
             restart.terminate()
             restart.wait(timeout=20)
+
+
+def test_governance_from_the_cli(gov: tuple[Daemon, dict[str, Any]]) -> None:
+    d, _ = gov
+    env = {
+        **d.env,
+        "RUNNERD_URL": d.url,
+        "RUNNERD_API_KEY": d.admin_key,
+        "RUNNERD_WORKSPACE": d.workspace_id,
+    }
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([RUNNERD, *args], capture_output=True, text=True, env=env)
+
+    assert cli("app", "budget", "set", "--app", "gov", "--ms", "900000").stdout.startswith(
+        "budget 900,000 ms; "
+    )
+    shown = json.loads(cli("app", "budget", "show", "--app", "gov", "--json").stdout)
+    assert shown["monthlyMs"] == 900000
+    cli("app", "budget", "set", "--app", "gov", "--unlimited")
+    waiting = cli("tools", "run", "gov/send", "--input", '{"to": "cli"}', "--surface", "chat")
+    assert waiting.returncode == 0 and waiting.stdout.startswith("waiting for approval apr_")
+    approval_id = waiting.stdout.split()[3]
+    listed = cli("approvals", "list", "--status", "pending")
+    assert approval_id in listed.stdout
+    approved = cli("approvals", "approve", approval_id)
+    assert approved.stdout.startswith(f"approved {approval_id}; run run_")
+    run_id = approved.stdout.split()[-1]
+    for _ in range(100):
+        got = json.loads(cli("runs", "get", run_id, "--json").stdout)
+        if got["run"]["status"] != "running":
+            break
+        time.sleep(0.05)
+    assert got["output"] == {"sent": "cli"}
+    history = cli("runs", "list", "--app", "gov", "--tool", "send")
+    assert run_id in history.stdout and "chat" in history.stdout
+    denied = cli("approvals", "deny", approval_id)
+    assert denied.returncode == 1 and "APPROVAL_NOT_PENDING" in denied.stderr
+    names = cli("app", "secrets", "list", "--app", "gov")
+    assert names.returncode == 0
