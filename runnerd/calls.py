@@ -9,6 +9,7 @@ statuses and durations only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from collections import OrderedDict
@@ -225,6 +226,20 @@ class Calls:
         )
         if idempotency_key is not None:
             self.store.settle_idempotency_key(who.user_id, idempotency_key, run_id)
+        return await self._execute(run_id, install, tool, value, version_id, who.key_id)
+
+    async def _execute(
+        self,
+        run_id: str,
+        install: InstallRecord,
+        tool: ToolRecord,
+        value: Any,
+        version_id: str,
+        key_id: str | None,
+    ) -> CallResult:
+        """Run an admitted run in its jail and end it (row, ledger, audit, budget in one
+        transaction); the result stays in memory only. Its row ends even if no jail
+        could start."""
         done: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
         self._running[run_id] = done
         try:
@@ -237,7 +252,7 @@ class Calls:
                 status="failed",
                 duration_ms=0,
                 error_kind="sandbox_unavailable",
-                key_id=who.key_id,
+                key_id=key_id,
             )
             done.cancel()
             self._running.pop(run_id, None)
@@ -247,7 +262,7 @@ class Calls:
             status=outcome.status,
             duration_ms=outcome.duration_ms,
             error_kind=None if outcome.status == "succeeded" else outcome.status,
-            key_id=who.key_id,
+            key_id=key_id,
         )
         result = CallResult(
             run_id, outcome.status, outcome.output, outcome.error, outcome.duration_ms
@@ -358,27 +373,11 @@ class Calls:
         held: _Held,
         approval: ApprovalRow,
     ) -> None:
-        try:
-            outcome = await self.engine.runner.run(
-                tool,
-                held.value,
-                secrets=self.secrets_of(install.id),
-                version_id=approval.version_id,
+        # Nobody awaits this run: its failure to start is recorded on its row, not raised.
+        with contextlib.suppress(Exception):
+            await self._execute(
+                run_id, install, tool, held.value, approval.version_id, held.who.key_id
             )
-        except Exception:
-            self.store.finish_run(
-                run_id, status="failed", duration_ms=0, error_kind="sandbox_unavailable"
-            )
-            return
-        self.store.finish_run(
-            run_id,
-            status=outcome.status,
-            duration_ms=outcome.duration_ms,
-            error_kind=None if outcome.status == "succeeded" else outcome.status,
-        )
-        self.results.put(
-            CallResult(run_id, outcome.status, outcome.output, outcome.error, outcome.duration_ms)
-        )
 
     def expire(self) -> list[str]:
         """Expire approvals past their time, and forget their held inputs."""

@@ -25,6 +25,20 @@ from runnerd.store import Store
 RUNNERD = str(Path(sys.executable).with_name("runnerd"))
 
 
+def envelope(response: httpx.Response, status: int, reason: str | None = None) -> dict[str, Any]:
+    """Assert ``response`` is the seed 003 error envelope with this status (and the code
+    that goes with it) and, when given, this details.code; return the error object."""
+    from runnerd.api.errors import CODES
+
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and {"code", "message"} <= set(body["error"])
+    assert body["error"]["code"] == next(c for c, (s, _) in CODES.items() if s == status)
+    if reason is not None:
+        assert body["error"]["details"]["code"] == reason, body
+    return dict(body["error"])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

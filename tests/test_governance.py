@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from daemon import RUNNERD, Daemon, running_daemon
+from daemon import RUNNERD, Daemon, envelope, running_daemon
 
 MARKER = "zz-marker-Q7vK2pL9"
 
@@ -70,14 +70,6 @@ def gov(
     with running_daemon(toolchain_dir, approval_ttl_s="600") as d:
         install = d.ship(gov_app(tmp_path_factory.mktemp("gov")))
         yield d, install
-
-
-def envelope(response: Any, status: int, reason: str | None = None) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    if reason is not None:
-        assert error["details"]["code"] == reason, error
-    return dict(error)
 
 
 def put_secret(d: Daemon, install_id: str, name: str, value: str, key: str | None = None) -> Any:

@@ -13,7 +13,7 @@ from runnerd.api.auth import Caller, caller_of
 from runnerd.api.errors import ApiError
 from runnerd.api.ops import Op, Param, json_response, read_body
 from runnerd.api.state import AppState
-from runnerd.api.tools import WORKSPACE, query_param
+from runnerd.api.tools import WORKSPACE, int_query, query_param
 from runnerd.api.wire import (
     ApprovalInfo,
     ApprovalList,
@@ -207,20 +207,13 @@ async def get_ledger(request: Request, state: AppState) -> Response:
 
 async def get_audit(request: Request, state: AppState) -> Response:
     workspace_id = _admin_of_workspace(request, state)
-    cursor = request.query_params.get("cursor", "0")
-    limit_text = request.query_params.get("limit", "100")
-    if not cursor.isdigit() or not limit_text.isdigit() or not 1 <= int(limit_text) <= 1000:
-        raise ApiError(
-            "BAD_REQUEST",
-            "cursor is a number; limit is 1 to 1000",
-            details={"code": "INVALID_QUERY"},
-        )
-    limit = int(limit_text)
+    cursor = int_query(request, "cursor", 0, 0, 2**62)
+    limit = int_query(request, "limit", 100, 1, 1000)
     entries = state.store.audit_entries(
         workspace_id=workspace_id,
         action=request.query_params.get("action"),
         install_id=request.query_params.get("installId"),
-        after_seq=int(cursor),
+        after_seq=cursor,
         limit=limit,
     )
     data = [AuditInfo(**{k: getattr(e, k) for k in e.__struct_fields__}) for e in entries]
@@ -324,10 +317,7 @@ async def list_runs(request: Request, state: AppState) -> Response:
     caller = caller_of(request, state, "api:read")
     caller.need_person()
     install = _install(request, state, caller, "viewer")
-    limit_text = request.query_params.get("limit", "50")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= 500:
-        raise ApiError("BAD_REQUEST", "limit is 1 to 500", details={"code": "INVALID_QUERY"})
-    limit = int(limit_text)
+    limit = int_query(request, "limit", 50, 1, 500)
     rows = state.store.list_runs(
         install.id,
         tool=request.query_params.get("tool"),
@@ -343,10 +333,7 @@ async def latest_runs(request: Request, state: AppState) -> Response:
     caller = caller_of(request, state, "api:read")
     caller.need_person()
     install = _install(request, state, caller, "viewer")
-    per_tool = request.query_params.get("perTool", "5")
-    if not per_tool.isdigit() or not 1 <= int(per_tool) <= 50:
-        raise ApiError("BAD_REQUEST", "perTool is 1 to 50", details={"code": "INVALID_QUERY"})
-    found = state.store.latest_runs(install.id, int(per_tool))
+    found = state.store.latest_runs(install.id, int_query(request, "perTool", 5, 1, 50))
     return json_response(
         LatestRuns(data={t: [_run_info(r) for r in rs] for t, rs in found.items()})
     )

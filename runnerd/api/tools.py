@@ -14,7 +14,7 @@ from runnerd.calls import Pending, Who
 from runnerd.constants import MAX_INPUT_BYTES
 from runnerd.store import InstallRecord
 
-__all__ = ["OPS", "query_param"]
+__all__ = ["OPS", "int_query", "query_param"]
 
 WORKSPACE = Param(
     "workspaceId", "Workspace the request is authorized against.", required=True, max_length=128
@@ -41,6 +41,20 @@ def query_param(request: Request, param: Param) -> str | None:
             details={"code": "INVALID_QUERY", "field": param.name},
         )
     return value
+
+
+def int_query(request: Request, name: str, default: int, low: int, high: int) -> int:
+    """An integer query parameter in [low, high]; 400 INVALID_QUERY naming it otherwise."""
+    text = request.query_params.get(name)
+    if text is None:
+        return default
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise ApiError(
+            "BAD_REQUEST",
+            f"{name} is a whole number from {low} to {high}",
+            details={"code": "INVALID_QUERY", "field": name},
+        )
+    return int(text)
 
 
 async def list_tools(request: Request, state: AppState) -> Response:
