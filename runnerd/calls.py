@@ -13,13 +13,14 @@ import contextlib
 import hashlib
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from runnerd.engine import Engine
-from runnerd.errors import RunnerdError
+from runnerd.errors import BudgetExhausted, RunnerdError
 from runnerd.runs import RunResult, tool_key
 from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord
 from runnerd.vault import Vault
@@ -30,6 +31,8 @@ __all__ = [
     "Calls",
     "IdempotencyConflict",
     "Pending",
+    "RunGate",
+    "RunQueueFull",
     "ToolNotFound",
 ]
 
@@ -43,6 +46,36 @@ class ToolNotFound(RunnerdError):
 
 class IdempotencyConflict(RunnerdError):
     """The Idempotency-Key was first used with another request."""
+
+
+class RunQueueFull(RunnerdError):
+    """More runs are waiting than the queue holds; try again shortly."""
+
+
+class RunGate:
+    """At most ``concurrent`` runs at once and ``queued`` waiting; past that, calls are
+    refused at once (RunQueueFull): never an unbounded pile-up."""
+
+    def __init__(self, concurrent: int, queued: int) -> None:
+        self._slots = asyncio.Semaphore(concurrent)
+        self.queued = queued
+        self.waiting = 0
+
+    @contextlib.asynccontextmanager
+    async def admit(self, *, must_wait: bool = False) -> AsyncIterator[None]:
+        """A run slot; ``must_wait`` queues even past the bound (an approved run, whose
+        row already exists, is never refused)."""
+        if not must_wait and self._slots.locked() and self.waiting >= self.queued:
+            raise RunQueueFull("too many runs are waiting; try again shortly")
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            yield
+        finally:
+            self._slots.release()
 
 
 class ApprovalUnavailable(RunnerdError):
@@ -127,6 +160,7 @@ class Calls:
     store: Store
     engine: Engine
     vault: Vault
+    gate: RunGate = field(default_factory=lambda: RunGate(8, 64))
     approval_ttl_s: int = 900
     idempotency_ttl_s: int = 86_400
     results: ResultCache = field(default_factory=lambda: ResultCache(64 << 20, 86_400))
@@ -171,6 +205,11 @@ class Calls:
                 return replay
         try:
             if tool.effect == "write" and surface in APPROVAL_SURFACES:
+                budget = self.store.budget(install.id)
+                if budget.monthly_ms is not None and (
+                    budget.used_ms + budget.reserved_ms >= budget.monthly_ms
+                ):  # no one should approve a call that cannot run
+                    raise BudgetExhausted(install.id, budget.resets_at)
                 approval = self.store.create_approval(
                     workspace_id=install.workspace_id,
                     install_id=install.id,
@@ -212,21 +251,22 @@ class Calls:
         version_id: str,
         workflow_run_id: str | None,
         idempotency_key: str | None = None,
-        approval_id: str | None = None,
     ) -> CallResult:
-        run_id = self.store.start_run(
-            install=install,
-            tool=tool.name,
-            user_id=who.user_id,
-            surface=surface,
-            timeout_ms=tool.timeout_ms,
-            version_id=version_id,
-            workflow_run_id=workflow_run_id,
-            approval_id=approval_id,
-        )
-        if idempotency_key is not None:
-            self.store.settle_idempotency_key(who.user_id, idempotency_key, run_id)
-        return await self._execute(run_id, install, tool, value, version_id, who.key_id)
+        """Wait for a run slot (or RunQueueFull), admit the run against the budget (its
+        row and reservation), then execute it."""
+        async with self.gate.admit():
+            run_id = self.store.start_run(
+                install=install,
+                tool=tool.name,
+                user_id=who.user_id,
+                surface=surface,
+                timeout_ms=tool.timeout_ms,
+                version_id=version_id,
+                workflow_run_id=workflow_run_id,
+            )
+            if idempotency_key is not None:
+                self.store.settle_idempotency_key(who.user_id, idempotency_key, run_id)
+            return await self._execute(run_id, install, tool, value, version_id, who.key_id)
 
     async def _execute(
         self,
@@ -375,9 +415,10 @@ class Calls:
     ) -> None:
         # Nobody awaits this run: its failure to start is recorded on its row, not raised.
         with contextlib.suppress(Exception):
-            await self._execute(
-                run_id, install, tool, held.value, approval.version_id, held.who.key_id
-            )
+            async with self.gate.admit(must_wait=True):
+                await self._execute(
+                    run_id, install, tool, held.value, approval.version_id, held.who.key_id
+                )
 
     def expire(self) -> list[str]:
         """Expire approvals past their time, and forget their held inputs."""

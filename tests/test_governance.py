@@ -688,3 +688,36 @@ def test_governance_from_the_cli(gov: tuple[Daemon, dict[str, Any]]) -> None:
     assert denied.returncode == 1 and "APPROVAL_NOT_PENDING" in denied.stderr
     names = cli("app", "secrets", "list", "--app", "gov")
     assert names.returncode == 0
+
+
+def test_run_output_is_only_for_the_asker_and_admins(gov: tuple[Daemon, dict[str, Any]]) -> None:
+    d, install = gov
+    asker = d.person("asker2@example.com")
+    other = d.person("curious@example.com")
+    run = d.run(install["installId"], "echo", {"text": "mine"}, key=asker).json()
+    mine = d.call("GET", f"/api/v2/runs/{run['runId']}", asker).json()
+    assert mine["outputAvailable"] and mine["output"]["echo"] == "mine"
+    theirs = d.call("GET", f"/api/v2/runs/{run['runId']}", other).json()
+    assert (theirs["outputAvailable"], theirs["output"]) == (False, None)
+    assert theirs["run"]["status"] == "succeeded"
+    admin = d.call("GET", f"/api/v2/runs/{run['runId']}", d.admin_key).json()
+    assert admin["output"]["echo"] == "mine"
+
+
+def test_a_spent_budget_refuses_before_asking_for_approval(
+    toolchain_dir: Path, tmp_path: Path
+) -> None:
+    with running_daemon(toolchain_dir) as d:
+        iid = d.ship(gov_app(tmp_path))["installId"]
+        d.call("PUT", f"/api/v2/apps/installs/{iid}/budget", d.admin_key, json={"monthlyMs": 0})
+        envelope(d.run(iid, "send", {"to": "x"}, surface="chat"), 403, "budget_exhausted")
+        assert d.store().list_approvals(d.workspace_id) == []
+
+
+def test_one_daemon_per_data_dir(gov: tuple[Daemon, dict[str, Any]]) -> None:
+    d, _ = gov
+    second = subprocess.run(
+        [RUNNERD, "serve", "--port", "1"], env=d.env, capture_output=True, text=True, timeout=60
+    )
+    assert second.returncode != 0
+    assert f"another daemon is serving {d.data_dir}" in second.stderr

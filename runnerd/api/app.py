@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import traceback
 from collections.abc import AsyncIterator
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -22,12 +24,12 @@ from runnerd.api import apps as apps_ops
 from runnerd.api import governance as governance_ops
 from runnerd.api import tools as tools_ops
 from runnerd.api.errors import CODES, ApiError, error_response, from_domain
-from runnerd.api.limits import RateLimiter, RunGate
+from runnerd.api.limits import RateLimiter
 from runnerd.api.openapi import openapi_document
 from runnerd.api.ops import Op, json_response
 from runnerd.api.state import AppState
 from runnerd.api.wire import Health
-from runnerd.calls import Calls, ResultCache
+from runnerd.calls import Calls, ResultCache, RunGate
 from runnerd.config import Settings
 from runnerd.engine import build_engine
 from runnerd.store import Store
@@ -139,6 +141,19 @@ def _unexpected(request: Request, exc: Exception) -> Response:
     return error_response(ApiError("INTERNAL_ERROR"))
 
 
+def _hold_data_dir(data_dir: Path) -> IO[str]:
+    """One daemon per data dir: a second one would close the first one's runs as
+    interrupted. The lock is released when the process ends, however it ends."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(data_dir / "daemon.lock", "w")  # noqa: SIM115 - held while serving
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise SystemExit(f"runnerd: another daemon is serving {data_dir}") from None
+    return handle
+
+
 async def _expire_approvals(calls: Calls) -> None:
     """Expire (and audit) approvals past their time, every few seconds."""
     while True:
@@ -157,6 +172,7 @@ def create_app(settings: Settings) -> Starlette:
             log.info("%s", line)
         for warning in engine.warnings():
             log.warning("%s", warning)
+        lock = _hold_data_dir(settings.data_dir)
         store = Store.in_data_dir(settings.data_dir)
         interrupted = store.recover_interrupted()
         if interrupted:
@@ -168,6 +184,7 @@ def create_app(settings: Settings) -> Starlette:
             store=store,
             engine=engine,
             vault=Vault.from_settings(settings.secrets_key, settings.secrets_key_path),
+            gate=RunGate(settings.max_concurrent_runs, settings.max_queued_runs),
             approval_ttl_s=settings.approval_ttl_s,
             idempotency_ttl_s=settings.idempotency_ttl_s,
             results=ResultCache(
@@ -180,7 +197,6 @@ def create_app(settings: Settings) -> Starlette:
             store=store,
             engine=engine,
             limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
-            gate=RunGate(settings.max_concurrent_runs, settings.max_queued_runs),
             calls=calls,
         )
         expiry = asyncio.ensure_future(_expire_approvals(calls))
@@ -191,6 +207,7 @@ def create_app(settings: Settings) -> Starlette:
             expiry.cancel()
             await calls.drain(timeout=30)
             store.close()
+            lock.close()
 
     routes = [Route(op.path, _endpoint(op), methods=[op.method]) for op in OPS]
     return Starlette(

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 from starlette.responses import Response
 
-from runnerd.calls import ApprovalUnavailable, IdempotencyConflict, ToolNotFound
+from runnerd.calls import ApprovalUnavailable, IdempotencyConflict, RunQueueFull, ToolNotFound
 from runnerd.errors import BudgetExhausted, BundleRejected, VersionExists
 from runnerd.runs import InputRejected
 from runnerd.sandbox import SandboxUnavailable
@@ -108,6 +108,13 @@ def from_domain(exc: Exception) -> ApiError | None:
             exc.reason, "CONFLICT"
         )
         return ApiError(code, str(exc), details={"code": exc.reason})
+    if isinstance(exc, RunQueueFull):
+        return ApiError(
+            "SERVICE_UNAVAILABLE",
+            str(exc),
+            details={"code": "RUN_QUEUE_FULL"},
+            headers={"Retry-After": "1"},
+        )
     if isinstance(exc, (SandboxUnavailable, VaultError)):
         return ApiError(
             "SERVICE_UNAVAILABLE", str(exc), details={"code": type(exc).__name__.upper()}

@@ -303,9 +303,16 @@ async def get_run(request: Request, state: AppState) -> Response:
     row = state.store.get_run(request.path_params["runId"])
     if row is None or state.store.membership(row.workspace_id, user_id) is None:
         raise ApiError("NOT_FOUND", "No such run", details={"code": "RUN_NOT_FOUND"})
-    caller.member(state.store, row.workspace_id, role="member")
+    member = caller.member(state.store, row.workspace_id, role="member")
     detail = RunDetail(run=_run_info(row))
-    cached = state.calls.results.get(row.id) if row.status != "running" else None
+    # The output is the asker's: theirs, the approver's who released it, or an admin's.
+    approval = state.store.get_approval(row.approval_id) if row.approval_id else None
+    entitled = (
+        user_id == row.user_id
+        or (member is not None and member.role == "admin")
+        or (approval is not None and approval.decided_by == user_id)
+    )
+    cached = state.calls.results.get(row.id) if row.status != "running" and entitled else None
     if cached is not None:
         detail = RunDetail(
             run=detail.run, output=cached.output, error=cached.error, output_available=True

@@ -1,18 +1,13 @@
-"""Load limits: a token bucket per API key, and bounded run admission.
-
-Past the run queue, calls are refused at once with 503: never an unbounded pile-up.
-"""
+"""Load limits of the API: a token bucket per API key. (Run admission, the bounded
+concurrency and queue of runs, is in runnerd/calls.py: approved runs pass it too.)"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
 
 from runnerd.api.errors import ApiError
 
-__all__ = ["RateLimiter", "RunGate"]
+__all__ = ["RateLimiter"]
 
 
 class RateLimiter:
@@ -34,31 +29,3 @@ class RateLimiter:
         self._buckets[key] = (tokens - 1, now)
         if len(self._buckets) > 100_000:  # forget idle keys; they refill to full anyway
             self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < 60}
-
-
-class RunGate:
-    """At most ``concurrent`` runs at once and ``queued`` waiting; the rest get 503."""
-
-    def __init__(self, concurrent: int, queued: int) -> None:
-        self._slots = asyncio.Semaphore(concurrent)
-        self.queued = queued
-        self.waiting = 0
-
-    @contextlib.asynccontextmanager
-    async def admit(self) -> AsyncIterator[None]:
-        if self._slots.locked() and self.waiting >= self.queued:
-            raise ApiError(
-                "SERVICE_UNAVAILABLE",
-                "Too many runs are waiting; try again shortly",
-                details={"code": "RUN_QUEUE_FULL"},
-                headers={"Retry-After": "1"},
-            )
-        self.waiting += 1
-        try:
-            await self._slots.acquire()
-        finally:
-            self.waiting -= 1
-        try:
-            yield
-        finally:
-            self._slots.release()

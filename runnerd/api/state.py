@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runnerd.api.limits import RateLimiter, RunGate
+from runnerd.api.limits import RateLimiter
 from runnerd.calls import Calls
 from runnerd.config import Settings
 from runnerd.engine import Engine
@@ -19,5 +19,4 @@ class AppState:
     store: Store
     engine: Engine
     limiter: RateLimiter
-    gate: RunGate
     calls: Calls

@@ -114,16 +114,15 @@ async def _run(
                 "Idempotency-Key is 1 to 255 characters",
                 details={"code": "INVALID_IDEMPOTENCY_KEY"},
             )
-        async with state.gate.admit():
-            outcome = await state.calls.call(
-                install,
-                tool_name,
-                body.input,
-                who=Who(user_id, caller.key.id),
-                surface=body.surface,
-                workflow_run_id=body.workflow_run_id,
-                idempotency_key=key,
-            )
+        outcome = await state.calls.call(
+            install,
+            tool_name,
+            body.input,
+            who=Who(user_id, caller.key.id),
+            surface=body.surface,
+            workflow_run_id=body.workflow_run_id,
+            idempotency_key=key,
+        )
     except Exception as exc:
         error = exc if isinstance(exc, ApiError) else from_domain(exc)
         if error is not None:
