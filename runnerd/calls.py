@@ -284,7 +284,11 @@ class Calls:
         self._running[run_id] = done
         try:
             outcome: RunResult = await self.engine.runner.run(
-                tool, value, secrets=self.secrets_of(install.id), version_id=version_id
+                tool,
+                value,
+                secrets=self.secrets_of(install.id),
+                version_id=version_id,
+                logs=False,
             )
         except BaseException:
             self.store.finish_run(

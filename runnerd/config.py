@@ -52,6 +52,9 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # install time, so both are off unless a package needs them.
     npm_install_scripts: bool = False
     pypi_source_builds: bool = False
+    # Jails started ahead of calls, per language (and per package environment in use):
+    # each still serves exactly one call; 0 starts every jail when its call comes.
+    warm_jails: int = 2
     # Admission: runs at once, and calls that may wait for a slot before 503.
     max_concurrent_runs: int = 8
     max_queued_runs: int = 64

@@ -11,7 +11,7 @@ from pathlib import Path
 from runnerd.cgroups import Cgroups, setup_cgroups
 from runnerd.config import Settings
 from runnerd.envs import EnvManager
-from runnerd.runs import CodeCache, Runner
+from runnerd.runs import Runner
 from runnerd.runtimes import Runtimes, find_runtimes, world_readable
 from runnerd.sandbox import Limits, Sandbox, SandboxUnavailable, UidPool, find_nsjail
 from runnerd.toolchain import Toolchain
@@ -48,7 +48,9 @@ class Engine:
         return found
 
 
-def build_engine(settings: Settings) -> Engine:
+def build_engine(settings: Settings, *, warm: int = 0) -> Engine:
+    """The run machinery. ``warm``: jails kept started ahead of calls per kind (the daemon
+    uses settings.warm_jails; one-shot commands start each jail on demand)."""
     data = settings.data_dir
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
     mounts, note = _mount_root(settings)
@@ -68,9 +70,10 @@ def build_engine(settings: Settings) -> Engine:
         cgroups=cgroups,
         uids=UidPool(data / "run" / "uids", settings.sandbox_uid_base, settings.sandbox_uid_count),
         limits=limits,
+        warm=warm,
     )
     envs = EnvManager(mounts / "envs", sandbox=sandbox, settings=settings)
-    runner = Runner(sandbox=sandbox, code=CodeCache(mounts / "code"), envs=envs)
+    runner = Runner(sandbox=sandbox, envs=envs)
     toolchain = Toolchain(settings.toolchain_path, runtimes.node)
     engine = Engine(settings, runtimes, cgroups, sandbox, envs, runner, toolchain)
     if note:

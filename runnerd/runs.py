@@ -9,11 +9,8 @@ never written to disk or logged here; errors and logs are scrubbed of secrets.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, Protocol
 
 import fastjsonschema
@@ -27,7 +24,6 @@ from runnerd.schemas import compile_schema
 from runnerd.secrets import Scrubber
 
 __all__ = [
-    "CodeCache",
     "InputRejected",
     "RunResult",
     "RunnableTool",
@@ -124,31 +120,6 @@ def _code_file(tool: RunnableTool) -> tuple[str, str]:
     return f"{tool.name}{ext}", tool.source
 
 
-class CodeCache:
-    """Each tool's code as a file in a folder of its own, the only thing of an app a jail
-    sees. Written once per tool key (atomically), readable by the jails' uids."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-        os.chmod(root, 0o711)  # traversable by the jails' uids, not listable
-
-    def folder(self, key: str, tool: RunnableTool) -> tuple[Path, str]:
-        name, content = _code_file(tool)
-        folder = self.root / hashlib.sha256(key.encode()).hexdigest()[:32]
-        if not (folder / name).is_file():
-            staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".new-"))
-            (staging / name).write_text(content)
-            os.chmod(staging / name, 0o644)
-            os.chmod(staging, 0o755)
-            try:
-                staging.rename(folder)
-            except OSError:  # another run wrote it first
-                (staging / name).unlink()
-                staging.rmdir()
-        return folder, name
-
-
 def _too_large(size: int | None) -> str:
     limit = f"output is larger than {MAX_OUTPUT_BYTES // (1024 * 1024)} MB, the limit of one run"
     return f"{limit} ({size:,} bytes)" if size else limit
@@ -178,12 +149,10 @@ class Runner:
         self,
         *,
         sandbox: Sandbox,
-        code: CodeCache,
         envs: EnvManager | None = None,
         validators: Validators | None = None,
     ) -> None:
         self.sandbox = sandbox
-        self.code = code
         self.envs = envs
         self.validators = validators or Validators()
 
@@ -211,30 +180,37 @@ class Runner:
         secrets: Mapping[str, str] | None = None,
         version_id: str | None = None,
         network: bool = False,
+        logs: bool = True,
     ) -> RunResult:
         """Check ``value``, run the tool once in a fresh jail, check what it returned.
 
         Raises InputRejected before the sandbox starts; after that, always a RunResult.
+        Without ``logs`` (callers that do not show them) the answer comes as soon as the
+        tool has replied.
         """
         key = tool_key(tool, version_id)
         encoded = self.check_input(tool, value, key=key)
         secrets = dict(secrets or {})
-        folder, name = self.code.folder(key, tool)
         env_dir = None
         if tool.packages and self.envs is not None:
             env_dir = await self.envs.ensure(tool.language, tuple(tool.packages))
-        request = b'{"input":' + encoded + b',"env":' + msgspec.json.encode(secrets) + b"}"
+        module, code = _code_file(tool)
+        request = (
+            b'{"input":' + encoded
+            + b',"env":' + msgspec.json.encode(secrets)
+            + b',"code":' + msgspec.json.encode(code)
+            + b',"file":' + msgspec.json.encode(tool.source_path)
+            + b',"module":' + msgspec.json.encode(module)
+            + b"}"
+        )  # fmt: skip
         job = Job(
             language=tool.language,
-            code_dir=folder,
-            code_file=name,
-            display_path=tool.source_path,
             timeout_ms=tool.timeout_ms,
             request=request,
             env_dir=env_dir,
             network=network,
         )
-        outcome = await self.sandbox.run(job)
+        outcome = await self.sandbox.run(job, logs=logs)
         return self._judge(tool, key, outcome, Scrubber(secrets))
 
     def _judge(self, tool: RunnableTool, key: str, out: Outcome, scrub: Scrubber) -> RunResult:

@@ -1,17 +1,23 @@
 """One nsjail process per run: build the command, feed the request, enforce the deadline.
 
 The jail gets new user, pid, mount, network, ipc, uts and cgroup namespaces; an
-unprivileged outside uid/gid of its own (from a pool, one per concurrent run); an empty
-root with read-only binds of the interpreter, the tool's code folder, its package
-environment and the harness; a fresh size-limited tmpfs /tmp; /dev/null and
-/dev/urandom; no /proc; no network unless asked; cgroup and rlimit limits; and the
-seccomp policy in sandbox/seccomp.kafel.
+unprivileged outside uid/gid of its own (from a pool, one per live jail); an empty root
+with read-only binds of the interpreter, the tool's package environment and the
+harness; a fresh size-limited tmpfs /tmp; /dev/null and /dev/urandom; no /proc; no
+network unless asked; cgroup and rlimit limits; and the seccomp policy in
+sandbox/seccomp.kafel.
 
-Channels: the request (input and secrets) goes in on stdin, so it is never on a command
-line or on disk; the result comes back on a pipe of its own; stdout and stderr are the
-tool's logs. The deadline counts from before nsjail starts ("including starting the
-sandbox"); at the deadline nsjail is told to stop (it kills the jail's whole pid
-namespace, double-forked daemons included) and is killed if it has not within 0.5 s.
+Channels: the request (the tool's code, its input and its secrets) goes in on stdin, so
+none of it is on a command line or on disk, and a jail sees no tool's code but its own;
+the result comes back on a pipe of its own; stdout and stderr are the tool's logs.
+
+Warm jails: a jail does not know its tool until the request arrives, so jails can be
+started ahead of calls (``warm`` per language and package environment), each waiting
+on stdin with its interpreter loaded. Every jail still serves exactly one call and is
+gone after it. A call's deadline counts from the moment it takes its jail (or starts
+one, when none is waiting: "including starting the sandbox"); at the deadline nsjail is
+told to stop (it kills the jail's whole pid namespace, double-forked daemons included)
+and is killed if it has not within 0.5 s.
 """
 
 from __future__ import annotations
@@ -24,10 +30,10 @@ import os
 import random
 import signal
 import time
-from collections.abc import Iterator
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from runnerd.cgroups import Cgroups
 from runnerd.constants import MAX_OUTPUT_BYTES
@@ -35,11 +41,22 @@ from runnerd.errors import RunnerdError
 from runnerd.resources import resource_dir
 from runnerd.runtimes import Runtimes
 
-__all__ = ["Job", "Limits", "Outcome", "Sandbox", "SandboxUnavailable", "UidPool", "find_nsjail"]
+__all__ = [
+    "JailKind",
+    "Job",
+    "Limits",
+    "Outcome",
+    "Sandbox",
+    "SandboxUnavailable",
+    "UidPool",
+    "find_nsjail",
+]
 
 INSIDE_ID = 1000  # the uid/gid a tool sees; mapped to the run's own outside id
 STOP_GRACE_S = 0.5  # after SIGTERM, how long nsjail gets to clean up before SIGKILL
 READ_CHUNK = 65536
+MAX_TIMEOUT_S = 300  # seed 000: timeoutMs at most 300,000; a waiting jail may get any tool
+WARM_MAX_IDLE_S = 120  # a waiting jail older than this is replaced, not used
 
 
 class SandboxUnavailable(RunnerdError):
@@ -71,15 +88,26 @@ class Limits:
 
 @dataclass(frozen=True)
 class Job:
-    """One run to do. ``request`` holds input and secrets; it only ever travels on a pipe."""
+    """One run to do. ``request`` holds the code, the input and the secrets: it only ever
+    travels on the jail's stdin."""
 
     language: str  # python | javascript | typescript
-    code_dir: Path  # host folder holding only this tool's code file
-    code_file: str  # the file's name in it: route_ticket.py, score_offer.mjs, x.cjs
-    display_path: str  # how stack traces name the tool's file: tools/score_offer.ts
     timeout_ms: int
     request: bytes = field(repr=False)
     env_dir: Path | None = None  # the tool's package environment, if it lists packages
+    network: bool = False
+
+    @property
+    def kind(self) -> JailKind:
+        return JailKind(self.language, self.env_dir, self.network)
+
+
+@dataclass(frozen=True)
+class JailKind:
+    """What a jail is started for: interchangeable jails share a kind."""
+
+    language: str
+    env_dir: Path | None
     network: bool = False
 
 
@@ -98,7 +126,7 @@ class Outcome:
 
 
 class UidPool:
-    """Outside uids for runs, one per concurrent run, across processes (file locks)."""
+    """Outside uids for jails, one per live jail, across processes (file locks)."""
 
     def __init__(self, lock_dir: Path, base: int, count: int) -> None:
         if base < 1000:
@@ -108,8 +136,8 @@ class UidPool:
         self.count = count
         lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
-    @contextlib.contextmanager
-    def acquire(self) -> Iterator[int]:
+    def lease(self) -> tuple[int, IO[str]]:
+        """A free uid and the lock that holds it (close the lock to give it back)."""
         start = random.randrange(self.count)
         for i in range(self.count):
             uid = self.base + (start + i) % self.count
@@ -119,11 +147,7 @@ class UidPool:
             except BlockingIOError:
                 handle.close()
                 continue
-            try:
-                yield uid
-            finally:
-                handle.close()
-            return
+            return uid, handle
         raise SandboxUnavailable(f"all {self.count} sandbox uids are in use")
 
 
@@ -155,6 +179,34 @@ class _Capped(asyncio.Protocol):
         return b"".join(self.chunks)
 
 
+class _Jail:
+    """A started nsjail process, its pipes read into capped buffers, its uid held."""
+
+    def __init__(
+        self,
+        kind: JailKind,
+        proc: asyncio.subprocess.Process,
+        uid_lock: IO[str],
+        result: _Capped,
+        jail_log: _Capped,
+        logs: _Capped,
+        logs_task: asyncio.Future[None],
+    ) -> None:
+        self.kind = kind
+        self.proc = proc
+        self.uid_lock = uid_lock
+        self.result = result
+        self.jail_log = jail_log
+        self.logs = logs
+        self.logs_task = logs_task
+        self.started = time.monotonic()
+        self.taken = False
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+
 class Sandbox:
     def __init__(
         self,
@@ -164,23 +216,30 @@ class Sandbox:
         cgroups: Cgroups,
         uids: UidPool,
         limits: Limits | None = None,
+        warm: int = 0,
     ) -> None:
         self.nsjail = nsjail
         self.runtimes = runtimes
         self.cgroups = cgroups
         self.uids = uids
         self.limits = limits or Limits()
+        self.warm = warm  # jails kept waiting per kind; 0 = start each jail on demand
         self._dir = resource_dir("sandbox")
+        self._ready: dict[JailKind, deque[_Jail]] = {}
+        self._filling: set[JailKind] = set()
+        self._tasks: set[asyncio.Future[None]] = set()
+        self._closed = False
 
-    def command(self, job: Job, uid: int, result_fd: int, log_fd: int) -> list[str]:
-        """The nsjail argv for ``job``. Holds no input and no secret."""
+    def command(
+        self, kind: JailKind, uid: int, result_fd: int, log_fd: int, wall_s: int
+    ) -> list[str]:
+        """The nsjail argv for a jail of ``kind``. Holds no code, no input, no secret."""
         lim = self.limits
-        python = job.language == "python"
+        python = kind.language == "python"
         runtime = self.runtimes.python if python else self.runtimes.node
         if runtime is None:
-            kind = "Python" if python else "Node.js"
-            raise SandboxUnavailable(f"no {kind} runtime is configured for tools")
-        wall_s = math.ceil(job.timeout_ms / 1000)
+            name = "Python" if python else "Node.js"
+            raise SandboxUnavailable(f"no {name} runtime is configured for tools")
         if python:
             address_space = str(lim.memory_mb * 2 if self.cgroups.enabled else lim.memory_mb)
         else:
@@ -205,12 +264,11 @@ class Sandbox:
                      "--cgroup_pids_max", str(lim.pids)]  # fmt: skip
             if self.cgroups.has_cpu:
                 argv += ["--cgroup_cpu_ms_per_sec", str(lim.cpu_ms_per_sec)]
-        if job.network:
+        if kind.network:
             argv.append("--disable_clone_newnet")
         for mount in runtime.mounts:
             argv += ["--bindmount_ro", mount]
         argv += [
-            "--bindmount_ro", f"{job.code_dir}:/tool",
             "--bindmount", "/dev/null",
             "--bindmount_ro", "/dev/urandom",
             "--mount", f"none:/tmp:tmpfs:size={lim.tmp_mb * 1024 * 1024},mode=1777",
@@ -219,99 +277,191 @@ class Sandbox:
             "--env", "HOME=/tmp",
             "--env", "LANG=C.UTF-8",
         ]  # fmt: skip
-        tool_file = f"/tool/{job.code_file}"
         if python:
             harness = "/sandbox/harness_py.py"
             argv += ["--bindmount_ro", f"{self._dir / 'harness_py.py'}:{harness}"]
-            tail = [str(result_fd), tool_file, job.display_path]
-            if job.env_dir is not None:
-                argv += ["--bindmount_ro", f"{job.env_dir}:/env"]
+            tail = [str(result_fd)]
+            if kind.env_dir is not None:
+                argv += ["--bindmount_ro", f"{kind.env_dir}:/env"]
                 tail.append("/env")
-            argv += [
-                "--",
-                runtime_path(self.runtimes, "python"),
-                "-I",
-                "-S",
-                "-B",
-                "-u",
-                harness,
-                *tail,
-            ]
+            argv += ["--", runtime_path(self.runtimes, "python"), "-I", "-S", "-B", "-u",
+                     harness, *tail]  # fmt: skip
         else:
             harness = "/sandbox/harness_js.mjs"
             argv += ["--bindmount_ro", f"{self._dir / 'harness_js.mjs'}:{harness}"]
-            if job.env_dir is not None:
-                argv += ["--bindmount_ro", f"{job.env_dir}:/node_modules"]
+            if kind.env_dir is not None:
+                argv += ["--bindmount_ro", f"{kind.env_dir}:/node_modules"]
             heap = max(16, lim.memory_mb * 3 // 4)
             flags = [f"--max-old-space-size={heap}", "--disable-proto=delete"]
-            if job.language == "typescript":
+            if kind.language == "typescript":
                 flags.append("--enable-source-maps")
             argv += ["--", runtime_path(self.runtimes, "node"), *flags, harness,
-                     str(result_fd), tool_file, job.display_path]  # fmt: skip
+                     str(result_fd)]  # fmt: skip
         return argv
 
-    async def run(self, job: Job) -> Outcome:
+    async def _start(self, kind: JailKind, wall_s: int) -> _Jail:
+        """Start a jail of ``kind``: it loads its interpreter and waits on stdin."""
+        uid, uid_lock = self.uids.lease()
+        result_r, result_w = os.pipe()
+        log_r, log_w = os.pipe()
+        try:
+            argv = self.command(kind, uid, result_w, log_w, wall_s)
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                pass_fds=(result_w, log_w),
+                env={},
+                start_new_session=True,
+            )
+        except BaseException:
+            for fd in (result_r, log_r):
+                os.close(fd)
+            uid_lock.close()
+            raise
+        finally:
+            os.close(result_w)
+            os.close(log_w)
+        loop = asyncio.get_running_loop()
+        result = _Capped(self.limits.output_bytes + 4096)  # the reply wraps the output
+        jail_log = _Capped(16 * 1024)
+        logs = _Capped(self.limits.log_bytes)
+        await loop.connect_read_pipe(lambda: result, os.fdopen(result_r, "rb", 0))
+        await loop.connect_read_pipe(lambda: jail_log, os.fdopen(log_r, "rb", 0))
+        assert proc.stdout is not None
+        logs_task = asyncio.ensure_future(_drain(proc.stdout, logs))
+        return _Jail(kind, proc, uid_lock, result, jail_log, logs, logs_task)
+
+    def _take(self, kind: JailKind) -> _Jail | None:
+        """A waiting jail of ``kind``, if one is alive and fresh; stale ones are dropped."""
+        ready = self._ready.get(kind)
+        while ready:
+            jail = ready.popleft()
+            if jail.alive and time.monotonic() - jail.started < WARM_MAX_IDLE_S:
+                jail.taken = True
+                return jail
+            self._spawn_task(self._discard(jail))
+        return None
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _refill(self, kind: JailKind) -> None:
+        if self.warm > 0 and not self._closed and kind not in self._filling:
+            self._filling.add(kind)
+            self._spawn_task(self._fill(kind))
+
+    async def _fill(self, kind: JailKind) -> None:
+        try:
+            ready = self._ready.setdefault(kind, deque())
+            while len(ready) < self.warm:
+                jail = await self._start(kind, MAX_TIMEOUT_S)
+                ready.append(jail)
+                self._spawn_task(self._reap(jail))
+        except Exception:
+            pass
+        finally:
+            self._filling.discard(kind)
+
+    async def _reap(self, jail: _Jail) -> None:
+        """A waiting jail that dies (its backstop, a killed daemon...) leaves the pool."""
+        await jail.proc.wait()
+        if not jail.taken:
+            ready = self._ready.get(jail.kind)
+            if ready and jail in ready:
+                ready.remove(jail)
+            await self._discard(jail)
+
+    async def _discard(self, jail: _Jail) -> None:
+        if jail.alive:
+            await self._stop(jail.proc)
+        jail.uid_lock.close()
+
+    async def warm_up(self, kinds: list[JailKind]) -> None:
+        """Start the waiting jails of these kinds now (at daemon start)."""
+        for kind in kinds:
+            self._refill(kind)
+
+    async def close(self) -> None:
+        """Stop every waiting jail and let the jails still ending finish (at shutdown)."""
+        self._closed = True
+        for ready in self._ready.values():
+            while ready:
+                await self._discard(ready.popleft())
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=MAX_TIMEOUT_S + 5)
+
+    async def run(self, job: Job, *, logs: bool = True) -> Outcome:
         """Run ``job`` in a fresh jail and report what happened; never raises for what the
-        tool does (crash, flood, hang); raises SandboxUnavailable if no jail can start."""
+        tool does (crash, flood, hang); raises SandboxUnavailable if no jail can start.
+
+        Without ``logs``, the answer comes as soon as the reply is complete; the jail's
+        end (its exit, or its stop at the deadline, and the return of its uid) goes on
+        in the background. With ``logs``, it waits for the exit, which closes them.
+        """
         started = time.monotonic()
         deadline = started + job.timeout_ms / 1000
-        with self.uids.acquire() as uid:
-            result_r, result_w = os.pipe()
-            log_r, log_w = os.pipe()
-            try:
-                argv = self.command(job, uid, result_w, log_w)
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.STDOUT,
-                    pass_fds=(result_w, log_w),
-                    env={},
-                    start_new_session=True,
-                )
-            except BaseException:
-                for fd in (result_r, log_r):
-                    os.close(fd)
-                raise
-            finally:
-                os.close(result_w)
-                os.close(log_w)
-            loop = asyncio.get_running_loop()
-            result = _Capped(self.limits.output_bytes + 4096)  # the reply wraps the output
-            jail_log = _Capped(16 * 1024)
-            logs = _Capped(self.limits.log_bytes)
-            readers: list[IO[bytes]] = [os.fdopen(result_r, "rb", 0), os.fdopen(log_r, "rb", 0)]
-            await loop.connect_read_pipe(lambda: result, readers[0])
-            await loop.connect_read_pipe(lambda: jail_log, readers[1])
-            assert proc.stdout is not None and proc.stdin is not None
-            logs_task = asyncio.ensure_future(_drain(proc.stdout, logs))
+        kind = job.kind
+        jail = self._take(kind)
+        if jail is None:
+            jail = await self._start(kind, math.ceil(job.timeout_ms / 1000))
+        handed_over = False
+        try:
+            proc = jail.proc
+            assert proc.stdin is not None
             feeder = asyncio.ensure_future(_feed(proc.stdin, job.request))
-            timed_out = False
-            try:
-                await asyncio.wait_for(proc.wait(), timeout=max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                timed_out = True
+            exited = asyncio.ensure_future(proc.wait())
+            awaited: set[asyncio.Future[Any]] = {exited} if logs else {exited, jail.result.done}
+            done, _ = await asyncio.wait(
+                awaited,
+                timeout=max(0.0, deadline - time.monotonic()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            timed_out = not done
+            if timed_out:
                 await self._stop(proc)
             duration_ms = round((time.monotonic() - started) * 1000)
             feeder.cancel()
-            # The jail is gone, so every pipe reaches its end at once.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.gather(result.done, jail_log.done, logs_task), timeout=2
-                )
+            if proc.returncode is None:
+                handed_over = True  # replied; the jail's end goes on in the background
+                self._spawn_task(self._finish(jail, deadline))
+            else:
+                # The jail is gone, so every pipe reaches its end at once.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        asyncio.gather(jail.result.done, jail.jail_log.done, jail.logs_task),
+                        timeout=2,
+                    )
             return Outcome(
                 duration_ms=duration_ms,
-                result=result.value or None,
-                result_too_large=result.overflow,
-                logs=logs.value,
-                logs_truncated=logs.overflow,
+                result=jail.result.value or None,
+                result_too_large=jail.result.overflow,
+                logs=jail.logs.value,
+                logs_truncated=jail.logs.overflow,
                 timed_out=timed_out,
                 exit_code=proc.returncode,
-                jail_log=jail_log.value.decode("utf-8", "replace"),
+                jail_log=jail.jail_log.value.decode("utf-8", "replace"),
             )
+        finally:
+            if not handed_over:
+                jail.uid_lock.close()
+            # Start the next waiting jail only now: its fork would delay this call's request.
+            self._refill(kind)
+
+    async def _finish(self, jail: _Jail, deadline: float) -> None:
+        """A jail that has replied still ends by its deadline; its uid comes back after."""
+        try:
+            await asyncio.wait_for(jail.proc.wait(), timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            await self._stop(jail.proc)
+        finally:
+            jail.uid_lock.close()
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
-        """Stop the jail: SIGTERM lets nsjail kill the pid namespace and remove its
+        """Stop a jail: SIGTERM lets nsjail kill the pid namespace and remove its
         cgroup; SIGKILL if it has not within STOP_GRACE_S (the jail's init then dies
         with it, taking every process of the namespace along)."""
         with contextlib.suppress(ProcessLookupError):

@@ -1,7 +1,9 @@
 """runnerd's Python harness: runs inside the jail, calls the tool's run(input) once.
 
-argv: RESULT_FD TOOL_FILE DISPLAY_PATH [ENV_DIR]
-stdin: one JSON request {"input": ..., "env": {NAME: VALUE}}, read to the end.
+argv: RESULT_FD [ENV_DIR]
+stdin: one JSON request {"code", "file", "input", "env": {NAME: VALUE}}, read to the end.
+The jail may be started before its call: it waits here, interpreter loaded, until the
+request arrives. The tool's code comes in the request; it is never a file in the jail.
 RESULT_FD: one JSON reply, {"ok": true, "output": ...} or
            {"ok": false, "kind": "error"|"output", "type", "message", "stack"}.
 stdout/stderr stay the tool's own: they are the run's logs, never the result.
@@ -44,10 +46,13 @@ def dumps(value):
     return "".join(_encode(value, 0))
 
 
-def _stack(exc, tool_file, display):
+def _stack(exc, code, display):
+    import linecache
     import traceback
 
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == tool_file]
+    # The code is no file: give traceback its lines so frames show the source.
+    linecache.cache[display] = (len(code), None, code.splitlines(True), display)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == display]
     lines = []
     for frame in frames[-MAX_FRAMES:]:
         text = f"  at {frame.name} ({display}:{frame.lineno})"
@@ -64,13 +69,11 @@ def _text(exc):
         return f"<{type(exc).__name__} with an unprintable message>"
 
 
-def _load(tool_file):
+def _load(code, display):
     module = type(sys)("tool")
-    module.__file__ = tool_file
+    module.__file__ = display
     sys.modules["tool"] = module
-    with open(tool_file, "rb") as f:
-        code = compile(f.read(), tool_file, "exec")
-    exec(code, module.__dict__)
+    exec(compile(code, display, "exec"), module.__dict__)
     return module
 
 
@@ -88,14 +91,14 @@ def _call(run, value):
 
 def main():
     result_fd = int(sys.argv[1])
-    tool_file, display = sys.argv[2], sys.argv[3]
-    if len(sys.argv) > 4:
-        sys.path.insert(0, sys.argv[4])
+    if len(sys.argv) > 2:
+        sys.path.insert(0, sys.argv[2])
     request, _ = _scan(sys.stdin.buffer.read().decode(), 0)
+    code, display = request["code"], request["file"]
     os.environ.update(request.get("env") or {})
     reply = None
     try:
-        run = getattr(_load(tool_file), "run", None)
+        run = getattr(_load(code, display), "run", None)
         if not callable(run):
             raise TypeError("the tool defines no callable run(input)")
         output = _call(run, request["input"])
@@ -105,7 +108,7 @@ def main():
             "kind": "error",
             "type": type(exc).__name__,
             "message": _text(exc),
-            "stack": _stack(exc, tool_file, display),
+            "stack": _stack(exc, code, display),
         }
     if reply is None:
         try:
@@ -115,12 +118,13 @@ def main():
                      "message": _text(exc), "stack": ""}
     if reply is not None:
         data = dumps(reply)
+    sys.stdout.flush()
+    sys.stderr.flush()
     view = memoryview(data.encode())
     while view:
         written = os.write(result_fd, view)
         view = view[written:]
-    sys.stdout.flush()
-    sys.stderr.flush()
+    os.close(result_fd)  # the reply is complete: the daemon need not wait for the exit
     # Do not wait for threads or handlers the tool left behind: the run is over.
     os._exit(0)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -467,3 +468,61 @@ def test_unexpected_error_is_500_without_a_stack(toolchain_dir: Path, tmp_path: 
         log = (d.data_dir / "serve.log").read_text()
         assert "internal error OperationalError on GET /api/v2/apps/tools" in log
         assert "no such table" not in log  # the message is not logged, only type and place
+
+
+# --- warm jails (the daemon starts jails ahead of calls) --------------------------------------
+
+
+def test_warm_jails_serve_one_call_each_and_leave_nothing(daemon: Daemon, tmp_path: Path) -> None:
+    root = tmp_path / "warm"
+    (root / "tools").mkdir(parents=True)
+    (root / "agentserve.app.yaml").write_text("slug: warm\nname: Warm\ntools: ./tools/*\n")
+    (root / "tools" / "mark.tool.yaml").write_text(
+        json.dumps(
+            {
+                "name": "mark",
+                "description": "d",
+                "input": {"type": "object"},
+                "output": {"type": "object"},
+            }
+        )
+    )
+    (root / "tools" / "mark.py").write_text(
+        "import os, time\n"
+        "def run(i):\n"
+        "    seen = os.path.exists('/tmp/mark')\n"
+        "    open('/tmp/mark', 'w').write('x')\n"
+        "    if os.fork() == 0:\n"
+        "        os.setsid()\n"
+        "        time.sleep(600)\n"
+        "    return {'seen': seen, 'uid': os.getuid()}\n"
+    )
+    iid = daemon.ship(root)["installId"]
+    outputs = [daemon.run(iid, "mark", {}).json()["output"] for _ in range(4)]
+    assert outputs == [{"seen": False, "uid": 1000}] * 4
+    # The replies came before the jails ended; each jail still ends, with its sleeper.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        sleepers = [
+            p
+            for p in Path("/proc").glob("[0-9]*/cmdline")
+            if b"harness_py" in _read(p) and _uid(p.parent) in range(620000, 620064)
+        ]
+        if len(sleepers) <= 2:  # only the waiting jails of the pool remain
+            break
+        time.sleep(0.1)
+    assert len(sleepers) <= 2
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def _uid(proc_dir: Path) -> int:
+    for line in _read(proc_dir / "status").decode().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return -1

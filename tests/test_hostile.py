@@ -106,22 +106,32 @@ def test_read_the_data_dir_and_its_database(engine: Engine) -> None:
         assert report(engine, READ, {"path": str(path)}) == {"error": "FileNotFoundError"}
 
 
-def test_read_other_tools_sources(engine: Engine) -> None:
-    other = make_tool(engine, "SECRET_LOGIC = 42\ndef run(i):\n    return {}\n", name="other")
-    folder, _ = engine.runner.code.folder("other-key", other)
+def test_no_other_tools_code_is_anywhere_in_the_jail(engine: Engine) -> None:
+    # Another tool ran before; its code reached its own jail over stdin, never a file.
+    run_tool(
+        engine, make_tool(engine, "SECRET_LOGIC = 42\ndef run(i):\n    return {}\n", name="other")
+    )
     source = """
 import os
 def run(i):
-    found = {'tool_dir': sorted(os.listdir('/tool'))}
-    try:
-        open(i['path']).read()
-        found['other'] = 'read'
-    except OSError as e:
-        found['other'] = type(e).__name__
-    return found
+    hits, seen = [], 0
+    for top in ('/', '/tmp', '/sandbox', '/etc', '/dev'):
+        for root, dirs, files in os.walk(top):
+            if root == '/':
+                dirs[:] = [d for d in dirs if d not in ('usr', 'lib', 'lib64')]
+            for name in files:
+                path = os.path.join(root, name)
+                if not os.path.isfile(path):  # devices: /dev/urandom never ends
+                    continue
+                seen += 1
+                try:
+                    if b'SECRET_LOGIC' in open(path, 'rb').read():
+                        hits.append(path)
+                except OSError:
+                    pass
+    return {'hits': hits, 'tool_dir': os.path.exists('/tool'), 'seen': seen > 0}
 """
-    out = report(engine, source, {"path": str(folder / "other.py")})
-    assert out == {"tool_dir": ["t.py"], "other": "FileNotFoundError"}
+    assert report(engine, source) == {"hits": [], "tool_dir": False, "seen": True}
 
 
 def test_proc_1_environ_and_proc_are_absent(engine: Engine) -> None:

@@ -32,6 +32,7 @@ from runnerd.api.wire import Health
 from runnerd.calls import Calls, ResultCache, RunGate
 from runnerd.config import Settings
 from runnerd.engine import build_engine
+from runnerd.sandbox import JailKind
 from runnerd.store import Store
 from runnerd.vault import Vault
 
@@ -167,7 +168,7 @@ async def _expire_approvals(calls: Calls) -> None:
 def create_app(settings: Settings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        engine = build_engine(settings)
+        engine = build_engine(settings, warm=settings.warm_jails)
         for line in engine.report():
             log.info("%s", line)
         for warning in engine.warnings():
@@ -200,12 +201,23 @@ def create_app(settings: Settings) -> Starlette:
             calls=calls,
         )
         expiry = asyncio.ensure_future(_expire_approvals(calls))
+        languages = [
+            lang
+            for lang, runtime in (
+                ("python", engine.runtimes.python),
+                ("javascript", engine.runtimes.node),
+                ("typescript", engine.runtimes.node),
+            )
+            if runtime is not None
+        ]
+        await engine.sandbox.warm_up([JailKind(lang, None) for lang in languages])
         log.info("runnerd %s serving data dir %s", __version__, settings.data_dir)
         try:
             yield
         finally:
             expiry.cancel()
             await calls.drain(timeout=30)
+            await engine.sandbox.close()
             store.close()
             lock.close()
 
