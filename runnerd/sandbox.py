@@ -30,7 +30,7 @@ import os
 import random
 import signal
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -57,6 +57,7 @@ STOP_GRACE_S = 0.5  # after SIGTERM, how long nsjail gets to clean up before SIG
 READ_CHUNK = 65536
 MAX_TIMEOUT_S = 300  # seed 000: timeoutMs at most 300,000; a waiting jail may get any tool
 WARM_MAX_IDLE_S = 120  # a waiting jail older than this is replaced, not used
+WARM_MAX_KINDS = 16  # kinds (language + package env) that keep waiting jails at once
 
 
 class SandboxUnavailable(RunnerdError):
@@ -229,6 +230,7 @@ class Sandbox:
         self._filling: set[JailKind] = set()
         self._tasks: set[asyncio.Future[None]] = set()
         self._closed = False
+        self._recent: OrderedDict[JailKind, None] = OrderedDict()
 
     def command(
         self, kind: JailKind, uid: int, result_fd: int, log_fd: int, wall_s: int
@@ -350,15 +352,25 @@ class Sandbox:
         task.add_done_callback(self._tasks.discard)
 
     def _refill(self, kind: JailKind) -> None:
-        if self.warm > 0 and not self._closed and kind not in self._filling:
+        if self.warm <= 0 or self._closed:
+            return
+        # Keep waiting jails for the kinds in use lately only (each package env is a kind).
+        self._recent[kind] = None
+        self._recent.move_to_end(kind)
+        while len(self._recent) > WARM_MAX_KINDS:
+            old, _ = self._recent.popitem(last=False)
+            for jail in self._ready.pop(old, deque()):
+                self._spawn_task(self._discard(jail))
+        if kind not in self._filling:
             self._filling.add(kind)
             self._spawn_task(self._fill(kind))
 
     async def _fill(self, kind: JailKind) -> None:
         try:
             ready = self._ready.setdefault(kind, deque())
-            while len(ready) < self.warm:
-                jail = await self._start(kind, MAX_TIMEOUT_S)
+            while len(ready) < self.warm and kind in self._recent:
+                # Its backstop must leave a full timeout to a call that takes it late.
+                jail = await self._start(kind, MAX_TIMEOUT_S + WARM_MAX_IDLE_S)
                 ready.append(jail)
                 self._spawn_task(self._reap(jail))
         except Exception:
@@ -367,13 +379,17 @@ class Sandbox:
             self._filling.discard(kind)
 
     async def _reap(self, jail: _Jail) -> None:
-        """A waiting jail that dies (its backstop, a killed daemon...) leaves the pool."""
-        await jail.proc.wait()
-        if not jail.taken:
-            ready = self._ready.get(jail.kind)
-            if ready and jail in ready:
-                ready.remove(jail)
-            await self._discard(jail)
+        """A waiting jail leaves the pool when it dies, or when it has waited
+        WARM_MAX_IDLE_S; a fresh one takes its place, so the pool stays warm."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(jail.proc.wait()), timeout=WARM_MAX_IDLE_S)
+        if jail.taken:
+            return
+        ready = self._ready.get(jail.kind)
+        if ready and jail in ready:
+            ready.remove(jail)
+        await self._discard(jail)
+        self._refill(jail.kind)
 
     async def _discard(self, jail: _Jail) -> None:
         if jail.alive:
