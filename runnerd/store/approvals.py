@@ -81,7 +81,7 @@ class ApprovalsStore(AuditStore):
         return ApprovalRow(**rows[0]) if rows else None
 
     def list_approvals(self, workspace_id: str, status: str | None = None) -> list[ApprovalRow]:
-        self.expire_approvals()
+        """Approvals of a workspace, newest first (expire_approvals first to see expiries)."""
         sql, args = "SELECT * FROM approvals WHERE workspace_id = ?", [workspace_id]
         if status:
             sql, args = sql + " AND status = ?", [*args, status]
@@ -92,8 +92,7 @@ class ApprovalsStore(AuditStore):
     ) -> ApprovalRow | None:
         """Move a pending, unexpired approval to approved or denied, exactly once (a
         conditional update: of two racing decisions, one wins). None when it was not
-        pending any more; expired approvals are marked so on the way."""
-        self.expire_approvals()
+        pending any more, or has expired."""
         status = "approved" if approve else "denied"
         now = utc_now()
         with self._write():
