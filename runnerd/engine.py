@@ -38,11 +38,11 @@ class Engine:
             f"node: {rt.node.path} {rt.node.version}" if rt.node else "node: none",
             f"cgroups: {self.cgroups.mode}",
         ]
-        return lines + self.notes
+        return lines + list(rt.notes) + self.notes
 
     def warnings(self) -> list[str]:
         """What startup must say loudly: missing runtimes, fallbacks, no cgroups."""
-        found = list(self.runtimes.notes)
+        found = list(self.runtimes.problems)
         if self.cgroups.warning:
             found.append(self.cgroups.warning)
         return found

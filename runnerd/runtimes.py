@@ -87,7 +87,8 @@ class NodeRuntime:
 class Runtimes:
     python: PythonRuntime | None
     node: NodeRuntime | None
-    notes: tuple[str, ...] = ()  # what startup should report (fallbacks, missing runtimes)
+    notes: tuple[str, ...] = ()  # fallbacks taken, for the startup report
+    problems: tuple[str, ...] = ()  # runtimes missing: startup warns about these
 
 
 _PY_PROBE = (
@@ -136,8 +137,8 @@ def find_python(configured: str | None = None) -> tuple[PythonRuntime | None, li
         hidden = [m for m in runtime.mounts if not world_readable(Path(m))]
         if hidden:
             notes.append(
-                f"python: {candidate} cannot be mounted into a sandbox ({hidden[0]} is not "
-                "readable by unprivileged users)"
+                f"python: not using {candidate} for tools: sandboxes cannot mount it "
+                f"({hidden[0]} is not readable by unprivileged users)"
             )
             continue
         return runtime, notes
@@ -170,11 +171,12 @@ def find_node(configured: str | None = None) -> NodeRuntime | None:
 def find_runtimes(python: str | None, node: str | None) -> Runtimes:
     py, notes = find_python(python)
     nd = find_node(node)
+    problems = []
     if py is None:
-        notes.append("python: no usable Python for tools; Python tools cannot run")
+        problems.append("python: no usable Python for tools; Python tools cannot run")
     if nd is None:
-        notes.append(
+        problems.append(
             f"node: no Node.js >= {MIN_NODE_MAJOR}; JavaScript/TypeScript tools "
             "cannot be uploaded or run"
         )
-    return Runtimes(python=py, node=nd, notes=tuple(notes))
+    return Runtimes(python=py, node=nd, notes=tuple(notes), problems=tuple(problems))
