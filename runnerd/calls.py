@@ -205,11 +205,7 @@ class Calls:
                 return replay
         try:
             if tool.effect == "write" and surface in APPROVAL_SURFACES:
-                budget = self.store.budget(install.id)
-                if budget.monthly_ms is not None and (
-                    budget.used_ms + budget.reserved_ms >= budget.monthly_ms
-                ):  # no one should approve a call that cannot run
-                    raise BudgetExhausted(install.id, budget.resets_at)
+                self._require_budget(install.id)  # no one should approve what cannot run
                 approval = self.store.create_approval(
                     workspace_id=install.workspace_id,
                     install_id=install.id,
@@ -362,6 +358,14 @@ class Calls:
         member = self.store.membership(approval.workspace_id, user_id)
         return member is not None and (member.approver or member.role == "admin")
 
+    def _require_budget(self, install_id: str) -> None:
+        """BudgetExhausted if the install's month is spent (counting reservations)."""
+        budget = self.store.budget(install_id)
+        if budget.monthly_ms is not None and (
+            budget.used_ms + budget.reserved_ms >= budget.monthly_ms
+        ):
+            raise BudgetExhausted(install_id, budget.resets_at)
+
     async def decide(self, approval_id: str, *, approve: bool, who: Who) -> ApprovalRow:
         """Approve (which releases exactly one run, started now) or deny an approval."""
         approval = self.store.get_approval(approval_id)
@@ -372,22 +376,27 @@ class Calls:
                 "NOT_AN_APPROVER",
                 "from chat only the person who asked decides; from a relay, an approver",
             )
+        if approve and approval.status == "pending":
+            # Refuse before deciding, so the approval stays pending for a later try.
+            if approval_id not in self._held:
+                raise ApprovalUnavailable(
+                    "APPROVAL_REQUEST_LOST",
+                    "the daemon restarted since the call was made, and calls waiting for "
+                    "approval are kept in memory only: make the call again",
+                )
+            self._require_budget(approval.install_id)
         decided = self.store.decide_approval(
             approval_id, approve=approve, user_id=who.user_id, key_id=who.key_id
         )
-        held = self._held.pop(approval_id, None)
         if decided is None:
             current = self.store.get_approval(approval_id)
             status = current.status if current else "missing"
             raise ApprovalUnavailable("APPROVAL_NOT_PENDING", f"the approval is {status}")
+        held = self._held.pop(approval_id, None)
         if not approve:
             return decided
-        if held is None:
-            raise ApprovalUnavailable(
-                "APPROVAL_REQUEST_LOST",
-                "the daemon restarted since the call was made, and calls waiting for "
-                "approval are kept in memory only: make the call again",
-            )
+        if held is None:  # only the winner of two racing approvals finds the input
+            raise ApprovalUnavailable("APPROVAL_NOT_PENDING", "the approval was just decided")
         install = self.store.get_install(decided.install_id)
         assert install is not None
         tool = self.tool(install, decided.tool, decided.version_id)

@@ -721,3 +721,22 @@ def test_one_daemon_per_data_dir(gov: tuple[Daemon, dict[str, Any]]) -> None:
     )
     assert second.returncode != 0
     assert f"another daemon is serving {d.data_dir}" in second.stderr
+
+
+def test_approving_on_a_spent_budget_keeps_the_approval_pending(
+    toolchain_dir: Path, tmp_path: Path
+) -> None:
+    with running_daemon(toolchain_dir) as d:
+        iid = d.ship(gov_app(tmp_path))["installId"]
+        pending = d.run(iid, "send", {"to": "later"}, surface="chat").json()
+        budget = f"/api/v2/apps/installs/{iid}/budget"
+        d.call("PUT", budget, d.admin_key, json={"monthlyMs": 0})
+        approve = f"/api/v2/approvals/{pending['approvalId']}/approve"
+        envelope(d.call("POST", approve, d.admin_key), 403, "budget_exhausted")
+        listed = d.call(
+            "GET", "/api/v2/approvals", d.admin_key, params={"workspaceId": d.workspace_id}
+        ).json()["data"]
+        assert [a["status"] for a in listed] == ["pending"]
+        d.call("PUT", budget, d.admin_key, json={"monthlyMs": None})
+        approved = d.call("POST", approve, d.admin_key).json()
+        assert approved["status"] == "approved" and approved["runId"]

@@ -544,3 +544,61 @@ def test_huge_result_channel_write_is_capped(engine: Engine) -> None:
     result = attack(engine, source)
     assert result.status == "failed"
     assert result.error is not None and result.error.startswith("output is larger than 1 MB")
+
+
+def test_node_worker_thread_bomb(engine: Engine) -> None:
+    source = """
+import { Worker } from 'node:worker_threads'
+export async function run() {
+  const workers = []
+  let error = null
+  try {
+    for (let i = 0; i < 500; i++) {
+      workers.push(new Worker('setInterval(() => {}, 1000)', { eval: true }))
+    }
+  } catch (e) { error = e.code || e.name }
+  return { started: workers.length, error }
+}
+"""
+    result = attack(engine, source, ext=".mjs", timeout_ms=5000)
+    # Either the process cap stops it (an error, or the tool dies) or the deadline does.
+    assert result.status in ("succeeded", "failed", "timed_out")
+    if result.status == "succeeded":
+        assert result.output is not None and result.output["started"] < 500
+
+
+def test_node_wasm_memory_bomb(engine: Engine) -> None:
+    source = """
+export function run() {
+  const pages = []
+  for (;;) {
+    const memory = new WebAssembly.Memory({ initial: 4096 })  // 256 MiB
+    new Uint8Array(memory.buffer).fill(7)  // touched, so it is really used
+    pages.push(memory)
+  }
+}
+"""
+    result = attack(engine, source, ext=".mjs")
+    assert result.status == "failed"
+
+
+def test_node_fetch_to_the_daemon_port(engine: Engine) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    source = """
+export async function run(i) {
+  try {
+    await fetch(`http://127.0.0.1:${i.port}/`)
+    return { reached: true }
+  } catch (e) {
+    return { reached: false, cause: e.cause && e.cause.code }
+  }
+}
+"""
+    try:
+        out = report(engine, source, {"port": port}, ext=".mjs")
+    finally:
+        server.close()
+    assert out == {"reached": False, "cause": "ECONNREFUSED"}
