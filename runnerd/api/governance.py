@@ -353,6 +353,7 @@ _NAME = Param(
     required=True,
     max_length=128,
     where="path",
+    pattern=f"^{SECRET_NAME.pattern}$",
 )
 _APPROVAL = Param("approvalId", "The approval.", required=True, max_length=64, where="path")
 
@@ -417,7 +418,7 @@ OPS = [
             Param("tool", "Only this tool.", max_length=40),
             Param("status", "Only this status.", max_length=16),
             Param("cursor", "nextCursor of the previous page.", max_length=64),
-            Param("limit", "1 to 500 (default 50).", max_length=3),
+            Param("limit", "1 to 500 (default 50).", integer=(1, 500)),
         ),
     ),
     Op(
@@ -427,7 +428,7 @@ OPS = [
         "The last runs of each tool of an install",
         latest_runs,
         LatestRuns,
-        params=(_INSTALL, Param("perTool", "1 to 50 (default 5).", max_length=2)),
+        params=(_INSTALL, Param("perTool", "1 to 50 (default 5).", integer=(1, 50))),
     ),
     Op(
         "GET",
@@ -447,7 +448,7 @@ OPS = [
         LedgerList,
         params=(
             WORKSPACE,
-            Param("month", "YYYY-MM", max_length=7),
+            Param("month", "YYYY-MM", max_length=7, pattern=r"^\d{4}-(0[1-9]|1[0-2])$"),
             Param("installId", "Only this install.", max_length=64),
             Param("appId", "Only this app.", max_length=64),
             Param("payer", "Only this payer (workspace id or workflow run id).", max_length=128),
@@ -464,8 +465,8 @@ OPS = [
             WORKSPACE,
             Param("action", "Only this action or family (tool, app...).", max_length=64),
             Param("installId", "Only this install.", max_length=64),
-            Param("cursor", "nextCursor of the previous page.", max_length=20),
-            Param("limit", "1 to 1000 (default 100).", max_length=4),
+            Param("cursor", "nextCursor of the previous page.", integer=(0, 2**62)),
+            Param("limit", "1 to 1000 (default 100).", integer=(1, 1000)),
         ),
     ),
     Op(

@@ -53,11 +53,7 @@ def openapi_document() -> dict[str, Any]:
                     "in": p.where,
                     "required": p.required or p.where == "path",
                     "description": p.description,
-                    "schema": {
-                        "type": "string",
-                        "minLength": p.min_length,
-                        "maxLength": p.max_length,
-                    },
+                    "schema": p.schema(),
                 }
                 for p in op.params
             ],

@@ -32,6 +32,21 @@ class Param:
     min_length: int = 1
     max_length: int = 128
     where: str = "query"  # query | path
+    pattern: str | None = None  # a regex the value must match
+    integer: tuple[int, int] | None = None  # (minimum, maximum) when the value is a number
+
+    def schema(self) -> dict[str, Any]:
+        """The parameter's JSON Schema in the OpenAPI document."""
+        if self.integer is not None:
+            return {"type": "integer", "minimum": self.integer[0], "maximum": self.integer[1]}
+        found: dict[str, Any] = {
+            "type": "string",
+            "minLength": self.min_length,
+            "maxLength": self.max_length,
+        }
+        if self.pattern is not None:
+            found["pattern"] = self.pattern
+        return found
 
 
 @dataclass(frozen=True)
