@@ -308,15 +308,18 @@ class RunsStore(AuditStore):
         return [RunRow(**r) for r in rows]
 
     def latest_runs(self, install_id: str, per_tool: int) -> dict[str, list[RunRow]]:
+        """The newest ``per_tool`` runs of each tool of an install."""
         rows = self.db.query(
-            f"""SELECT * FROM ({_RUN_SQL} WHERE r.install_id = ?) AS x
-                WHERE (SELECT COUNT(*) FROM runs y WHERE y.install_id = x.install_id
-                       AND y.tool = x.tool AND y.id > x.id) < ?
-                ORDER BY tool, id DESC""",
+            f"""SELECT * FROM (
+                    SELECT x.*, ROW_NUMBER() OVER (PARTITION BY x.tool ORDER BY x.id DESC)
+                        AS nth
+                    FROM ({_RUN_SQL} WHERE r.install_id = ?) AS x)
+                WHERE nth <= ? ORDER BY tool, id DESC""",
             [install_id, per_tool],
         )
         found: dict[str, list[RunRow]] = {}
         for r in rows:
+            r.pop("nth")
             found.setdefault(r["tool"], []).append(RunRow(**r))
         return found
 

@@ -234,6 +234,9 @@ def _m3_governance(db: sqlite_utils.Database) -> None:
             created_at TEXT NOT NULL,
             PRIMARY KEY (user_id, key))"""
     )
+    db.execute("CREATE INDEX idempotency_by_age ON idempotency (created_at)")
+    db.execute("CREATE INDEX approvals_due ON approvals (status, expires_at)")
+    db.execute("CREATE INDEX runs_by_tool ON runs (install_id, tool, id)")
 
 
 # Append only: a migration, once released, never changes.
