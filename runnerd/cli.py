@@ -19,7 +19,8 @@ import msgspec
 
 from runnerd import __version__
 from runnerd.bundle import Bundle, load_bundle, read_app_dir
-from runnerd.cli_daemon import register
+from runnerd.cli_admin import register_admin
+from runnerd.cli_client import register_client
 from runnerd.config import ConfigError, Settings, load_settings
 from runnerd.constants import MANIFEST_NAME, SOURCE_LANGUAGES, TOOL_SUFFIX
 from runnerd.engine import Engine, build_engine
@@ -384,7 +385,8 @@ def _parser() -> argparse.ArgumentParser:
             dest="command", required=True, metavar="COMMAND"
         )
 
-    register(groups, common, app, group_parser)
+    register_admin(groups, common, group_parser)
+    register_client(groups, common, app, group_parser)
     return parser
 
 

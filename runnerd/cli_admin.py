@@ -1,0 +1,319 @@
+"""Local CLI commands on the data dir: ``serve``, ``openapi``, ``admin`` (people, roles,
+keys, secrets key rotation), ``ledger export`` and ``audit verify``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from runnerd.cli_common import output, settings_from_args
+from runnerd.store import Store
+
+__all__ = ["register_admin"]
+
+ROLES = ("admin", "builder", "member", "viewer")
+SCOPES = ("api:read", "tools:run", "apps:write")
+
+
+# --- serve ------------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from runnerd.api.app import create_app
+
+    settings = settings_from_args(args, host=args.host, port=args.port)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def cmd_openapi(args: argparse.Namespace) -> int:
+    from runnerd.api.openapi import openapi_document
+
+    sys.stdout.write(json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+# --- admin (local) ----------------------------------------------------------------------------
+
+
+def _store(args: argparse.Namespace) -> Store:
+    return Store.in_data_dir(settings_from_args(args).data_dir)
+
+
+def _workspace(store: Store, workspace_id: str) -> str:
+    if store.get_workspace(workspace_id) is None:
+        raise SystemExit(f"runnerd: no workspace {workspace_id}")
+    return workspace_id
+
+
+def cmd_bootstrap(args: argparse.Namespace) -> int:
+    store = _store(args)
+    workspace = store.create_workspace(args.workspace)
+    user = store.ensure_user(args.email)
+    store.set_membership(workspace.id, user.id, role="admin", apps_access=True)
+    _, key = store.create_key(
+        kind="personal", user_id=user.id, name="bootstrap", audit_workspace_id=workspace.id
+    )
+    sys.stdout.write(
+        json.dumps({"workspaceId": workspace.id, "userId": user.id, "apiKey": key}) + "\n"
+    )
+    return 0
+
+
+def cmd_add_person(args: argparse.Namespace) -> int:
+    store = _store(args)
+    ws = _workspace(store, args.workspace)
+    user = store.ensure_user(args.email)
+    member = store.set_membership(
+        ws, user.id, role=args.role, apps_access=args.apps_access, approver=args.approver
+    )
+    result: dict[str, Any] = {
+        "userId": user.id,
+        "role": member.role,
+        "appsAccess": member.apps_access,
+        "approver": member.approver,
+    }
+    if args.key:
+        _, result["apiKey"] = store.create_key(
+            kind="personal", user_id=user.id, audit_workspace_id=ws
+        )
+    return output(
+        args,
+        result,
+        lambda: print(
+            f"{args.email}: {member.role} in {ws}, Apps "
+            f"{'on' if member.apps_access else 'off'}"
+            + (f"\napi key (shown once): {result['apiKey']}" if "apiKey" in result else "")
+        ),
+    )
+
+
+def cmd_set_role(args: argparse.Namespace) -> int:
+    store = _store(args)
+    ws = _workspace(store, args.workspace)
+    user = store.ensure_user(args.email)
+    member = store.set_membership(
+        ws, user.id, role=args.role, apps_access=args.apps_access, approver=args.approver
+    )
+    return output(
+        args,
+        {
+            "userId": user.id,
+            "role": member.role,
+            "appsAccess": member.apps_access,
+            "approver": member.approver,
+        },
+        lambda: print(f"{args.email}: {member.role}, Apps {'on' if member.apps_access else 'off'}"),
+    )
+
+
+def _new_key(args: argparse.Namespace, **kw: Any) -> int:
+    store = _store(args)
+    record, key = store.create_key(name=args.name or "", **kw)
+    return output(
+        args,
+        {"keyId": record.id, "apiKey": key, "kind": record.kind, "scopes": list(record.scopes)},
+        lambda: print(f"{record.kind} key {record.id} (shown once): {key}"),
+    )
+
+
+def cmd_create_key(args: argparse.Namespace) -> int:
+    user = _store(args).ensure_user(args.email)
+    return _new_key(args, kind="personal", user_id=user.id)
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    user = _store(args).ensure_user(args.email)
+    return _new_key(args, kind="token", user_id=user.id, scopes=tuple(args.scope))
+
+
+def cmd_workspace_key(args: argparse.Namespace) -> int:
+    ws = _workspace(_store(args), args.workspace)
+    return _new_key(args, kind="workspace", workspace_id=ws)
+
+
+def cmd_revoke_key(args: argparse.Namespace) -> int:
+    done = _store(args).revoke_key(args.key_id)
+    if not done:
+        print(f"runnerd: no live key {args.key_id}", file=sys.stderr)
+        return 1
+    return output(args, {"revoked": args.key_id}, lambda: print(f"revoked {args.key_id}"))
+
+
+def cmd_ledger_export(args: argparse.Namespace) -> int:
+    import csv
+
+    store = _store(args)
+    rows = store.ledger(month=args.month, workspace_id=args.workspace, install_id=args.install)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(rows) + "\n")
+        return 0
+    columns = [
+        "id",
+        "kind",
+        "run_id",
+        "sandbox_ms",
+        "payer_kind",
+        "payer_id",
+        "workspace_id",
+        "app_id",
+        "install_id",
+        "version_id",
+        "tool",
+        "user_id",
+        "month",
+        "created_at",
+    ]
+    writer = csv.DictWriter(sys.stdout, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return 0
+
+
+def cmd_audit_verify(args: argparse.Namespace) -> int:
+    checked, broken = _store(args).verify_audit()
+    if args.json:
+        sys.stdout.write(json.dumps({"entries": checked, "firstBroken": broken}) + "\n")
+    elif broken is None:
+        print(f"audit trail intact: {checked} entries")
+    else:
+        print(
+            f"audit trail BROKEN at entry {broken} (of {checked} read): it or the one "
+            "before it was edited or deleted"
+        )
+    return 0 if broken is None else 1
+
+
+def cmd_rotate_key(args: argparse.Namespace) -> int:
+    from runnerd.vault import Vault, new_key, write_key_file
+
+    settings = settings_from_args(args)
+    if settings.secrets_key:
+        print(
+            "runnerd: secrets_key is set in the config or environment; rotate it there "
+            "(this command rotates the key file)",
+            file=sys.stderr,
+        )
+        return 2
+    store = _store(args)
+    old = Vault.from_settings(None, settings.secrets_key_path)
+    key = new_key()
+    new = Vault(key)
+    resealed = []
+    for install_id, name, kid, nonce, ct in store.sealed_secrets():
+        value = old.open(install_id, name, kid, nonce, ct)
+        resealed.append((install_id, name, *new.seal(install_id, name, value)))
+    # The new key is safe on disk before any row needs it; rows switch in one transaction.
+    pending = settings.secrets_key_path.with_name(settings.secrets_key_path.name + ".new")
+    write_key_file(pending, key)
+    store.reseal_all(resealed, new.key_id)
+    os.replace(pending, settings.secrets_key_path)
+    return output(
+        args,
+        {"keyId": new.key_id, "secrets": len(resealed)},
+        lambda: print(
+            f"rotated the secrets key to {new.key_id}: {len(resealed)} secrets re-encrypted"
+        ),
+    )
+
+
+# --- parser -----------------------------------------------------------------------------------
+
+
+def register_admin(
+    groups: Any, common: argparse.ArgumentParser, group_parser: Callable[..., Any]
+) -> None:
+    """Add serve, openapi, admin, ledger and audit to the CLI's parser."""
+    serve = groups.add_parser("serve", parents=[common], help="run the daemon")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 8686)")
+    serve.set_defaults(func=cmd_serve)
+    groups.add_parser("openapi", parents=[common], help="print the OpenAPI document").set_defaults(
+        func=cmd_openapi
+    )
+
+    admin = group_parser("admin", "people, roles and keys (local, on the data dir)")
+    boot = admin.add_parser(
+        "bootstrap", parents=[common], help="create a workspace, its admin and a personal API key"
+    )
+    boot.add_argument("--workspace", required=True, help="the workspace's name")
+    boot.add_argument("--email", required=True, help="the admin's email")
+    boot.set_defaults(func=cmd_bootstrap)
+    for name, fn, text in (
+        ("add-person", cmd_add_person, "add a person to a workspace"),
+        ("set-role", cmd_set_role, "change a role or Apps access"),
+    ):
+        p = admin.add_parser(name, parents=[common], help=text)
+        p.add_argument("--workspace", required=True, help="workspace id")
+        p.add_argument("--email", required=True)
+        p.add_argument("--role", choices=ROLES, default=None if name == "set-role" else "member")
+        p.add_argument(
+            "--apps-access",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="access to the Apps module",
+        )
+        p.add_argument(
+            "--approver",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="may approve write calls from relays",
+        )
+        if name == "add-person":
+            p.add_argument("--key", action="store_true", help="also create a personal key")
+        p.set_defaults(func=fn)
+    p = admin.add_parser("create-key", parents=[common], help="a personal API key")
+    p.add_argument("--email", required=True)
+    p.add_argument("--name")
+    p.set_defaults(func=cmd_create_key)
+    p = admin.add_parser("token", parents=[common], help="a scoped token of a person")
+    p.add_argument("--email", required=True)
+    p.add_argument("--scope", action="append", choices=SCOPES, required=True)
+    p.add_argument("--name")
+    p.set_defaults(func=cmd_token)
+    p = admin.add_parser(
+        "workspace-key",
+        parents=[common],
+        help="a workspace API key (deploy and publish; never runs tools)",
+    )
+    p.add_argument("--workspace", required=True)
+    p.add_argument("--name")
+    p.set_defaults(func=cmd_workspace_key)
+    p = admin.add_parser("revoke-key", parents=[common], help="revoke an API key")
+    p.add_argument("key_id")
+    p.set_defaults(func=cmd_revoke_key)
+
+    p = admin.add_parser(
+        "rotate-secrets-key", parents=[common], help="re-encrypt every secret under a new key file"
+    )
+    p.set_defaults(func=cmd_rotate_key)
+
+    ledger = group_parser("ledger", "the usage ledger (local, on the data dir)")
+    p = ledger.add_parser("export", parents=[common], help="ledger rows as CSV or JSON")
+    p.add_argument("--month", help="YYYY-MM")
+    p.add_argument("--format", choices=("csv", "json"), default="csv")
+    p.add_argument("--workspace")
+    p.add_argument("--install")
+    p.set_defaults(func=cmd_ledger_export)
+
+    audit = group_parser("audit", "the audit trail (local, on the data dir)")
+    p = audit.add_parser(
+        "verify", parents=[common], help="check the hash chain; exit 1 at the first broken entry"
+    )
+    p.set_defaults(func=cmd_audit_verify)
