@@ -297,6 +297,93 @@ def cmd_toolchain_install(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check this machine can run tools: root, nsjail, cgroups, runtimes, the toolchain,
+    and one real run of a trivial tool in each language."""
+    settings = _settings(args)
+    checks: list[dict[str, Any]] = []
+
+    def check(name: str, ok: bool, detail: str, required: bool = True) -> None:
+        checks.append({"check": name, "ok": ok, "detail": detail, "required": required})
+
+    check(
+        "root",
+        os.geteuid() == 0,
+        "runs map to unprivileged uids, which needs root"
+        if os.geteuid() != 0
+        else "running as root",
+    )
+    try:
+        engine = build_engine(settings)
+    except (SandboxUnavailable, OSError) as exc:
+        check("data dir", False, str(exc))
+        engine = None
+    if engine is not None:
+        nsjail = engine.sandbox.nsjail
+        check("nsjail", os.access(nsjail, os.X_OK), nsjail)
+        check(
+            "cgroups",
+            engine.cgroups.enabled,
+            engine.cgroups.warning or engine.cgroups.mode,
+            required=False,
+        )
+        rt = engine.runtimes
+        check(
+            "python",
+            rt.python is not None,
+            f"{rt.python.executable} {rt.python.version}" if rt.python else "not found",
+        )
+        check(
+            "node",
+            rt.node is not None,
+            f"{rt.node.path} {rt.node.version}" if rt.node else "not found",
+            required=False,
+        )
+        check(
+            "toolchain",
+            engine.toolchain.is_installed(),
+            str(engine.toolchain.directory),
+            required=False,
+        )
+        trials = [("python", ".py", "def run(i):\n    return {'ok': True}\n")]
+        if rt.node is not None and engine.toolchain.is_installed():
+            trials.append(("typescript", ".ts", "export const run = () => ({ ok: true })\n"))
+        for language, ext, source in trials:
+            check(
+                f"{language} run", *_trial_run(engine, ext, source), required=language == "python"
+            )
+    failed = [c for c in checks if c["required"] and not c["ok"]]
+    if args.json:
+        _print_json({"ok": not failed, "checks": checks})
+    else:
+        for c in checks:
+            mark = "ok  " if c["ok"] else ("FAIL" if c["required"] else "warn")
+            print(f"{mark} {c['check']:<16} {c['detail']}")
+    return 1 if failed else 0
+
+
+def _trial_run(engine: Engine, ext: str, source: str) -> tuple[bool, str]:
+    doc = {
+        "name": "doctor",
+        "description": "a trial run",
+        "input": {"type": "object"},
+        "output": {"type": "object"},
+    }
+    files = {
+        MANIFEST_NAME: b"slug: doctor\nname: Doctor\ntools: ./*\n",
+        f"doctor{TOOL_SUFFIX}": json.dumps(doc).encode(),
+        f"doctor{ext}": source.encode(),
+    }
+    try:
+        [tool] = load_bundle(files, toolchain=engine.toolchain).tools
+        result = asyncio.run(engine.runner.run(tool, {}))
+    except (BundleRejected, SandboxUnavailable) as exc:
+        return False, str(exc)
+    if result.status != "succeeded":
+        return False, f"{result.status}: {result.error}"
+    return True, f"succeeded in {result.duration_ms} ms in a fresh sandbox"
+
+
 def cmd_toolchain_status(args: argparse.Namespace) -> int:
     settings = _settings(args)
     toolchain = _toolchain(settings)
@@ -369,6 +456,10 @@ def _parser() -> argparse.ArgumentParser:
     envs.add_parser(
         "prune", parents=[common], help="remove environments no version uses"
     ).set_defaults(func=cmd_envs_prune)
+
+    groups.add_parser(
+        "doctor", parents=[common], help="check this machine can run tools (and run one)"
+    ).set_defaults(func=cmd_doctor)
 
     tc = groups.add_parser("toolchain", help="the JS/TS toolchain used at upload").add_subparsers(
         dest="command", required=True, metavar="COMMAND"

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,9 +18,9 @@ RUNNERD = str(Path(sys.executable).with_name("runnerd"))
 
 
 def runnerd(
-    *args: str, toolchain: Toolchain, cwd: Path | None = None
+    *args: str, toolchain: Toolchain, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RUNNERD_TOOLCHAIN_DIR": str(toolchain.directory)}
+    env = {**os.environ, "RUNNERD_TOOLCHAIN_DIR": str(toolchain.directory), **(env or {})}
     return subprocess.run(
         [RUNNERD, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
     )
@@ -78,3 +79,28 @@ def test_bad_config_file_is_named(toolchain: Toolchain, tmp_path: Path) -> None:
     proc = runnerd("app", "validate", str(EXAMPLE), "--config", str(config), toolchain=toolchain)
     assert proc.returncode == 2
     assert f"{config}: unknown setting(s) prot" in proc.stderr
+
+
+def test_doctor_checks_the_machine_and_runs_a_tool(toolchain: Toolchain, tmp_path: Path) -> None:
+    data = Path(tempfile.mkdtemp(prefix="runnerd-doctor-", dir="/tmp"))
+    data.chmod(0o711)
+    proc = runnerd("doctor", "--json", "--data-dir", str(data), toolchain=toolchain)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    body = json.loads(proc.stdout)
+    checks = {c["check"]: c for c in body["checks"]}
+    assert body["ok"] is True
+    assert checks["python run"]["ok"] and "fresh sandbox" in checks["python run"]["detail"]
+    assert checks["typescript run"]["ok"]
+    assert checks["root"]["ok"] and checks["nsjail"]["ok"]
+
+
+def test_doctor_fails_without_a_usable_python(toolchain: Toolchain, tmp_path: Path) -> None:
+    proc = runnerd(
+        "doctor",
+        "--data-dir",
+        str(tmp_path),
+        toolchain=toolchain,
+        env={"RUNNERD_PYTHON": "/nonexistent/python3"},
+    )
+    assert proc.returncode == 1
+    assert "FAIL python" in proc.stdout
