@@ -740,3 +740,10 @@ def test_approving_on_a_spent_budget_keeps_the_approval_pending(
         d.call("PUT", budget, d.admin_key, json={"monthlyMs": None})
         approved = d.call("POST", approve, d.admin_key).json()
         assert approved["status"] == "approved" and approved["runId"]
+
+
+def test_budget_values_out_of_range_are_400(gov: tuple[Daemon, dict[str, Any]]) -> None:
+    d, install = gov
+    path = f"/api/v2/apps/installs/{install['installId']}/budget"
+    for bad in (-1, 2**60, 16739500013015972260580318773248, "1000", 1.5):
+        envelope(d.call("PUT", path, d.admin_key, json={"monthlyMs": bad}), 400, "INVALID_BODY")

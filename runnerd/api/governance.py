@@ -158,12 +158,6 @@ async def put_budget(request: Request, state: AppState) -> Response:
     caller = caller_of(request, state, "apps:write")
     install = _install(request, state, caller, "admin")
     body = await read_body(request, BudgetBody, SMALL_BODY)
-    if body.monthly_ms is not None and body.monthly_ms < 0:
-        raise ApiError(
-            "BAD_REQUEST",
-            "monthlyMs is a number of milliseconds >= 0, or null for unlimited",
-            details={"code": "INVALID_BODY"},
-        )
     state.store.set_budget(
         install.id,
         body.monthly_ms,

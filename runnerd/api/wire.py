@@ -6,7 +6,7 @@ Field names are camelCase on the wire (seed 003). These types are also what
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -61,7 +61,7 @@ class ToolList(_Wire):
 class RunBody(_Wire):
     input: dict[str, Any]
     surface: Surface = "api"
-    workflow_run_id: str | None = None
+    workflow_run_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
 
 
 class RunResponse(_Wire, omit_defaults=False):
@@ -113,12 +113,12 @@ class AppList(_Wire):
 
 
 class InstallBody(_Wire):
-    app_slug: str
-    version: str
+    app_slug: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    version: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 
 
 class SwitchBody(_Wire):
-    version: str
+    version: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 
 
 class InstallInfo(_Wire):
@@ -177,7 +177,8 @@ class Deleted(_Wire):
 
 
 class BudgetBody(_Wire):
-    monthly_ms: int | None  # null: unlimited
+    # Milliseconds of sandbox time a month, up to 2^53 (JSON-safe); null: unlimited.
+    monthly_ms: Annotated[int, msgspec.Meta(ge=0, le=2**53)] | None
 
 
 class BudgetInfo(_Wire):
