@@ -22,6 +22,7 @@ import msgspec
 from runnerd.engine import Engine
 from runnerd.errors import BudgetExhausted, RunnerdError
 from runnerd.runs import RunResult, tool_key
+from runnerd.sandbox import SandboxUnavailable
 from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord
 from runnerd.vault import Vault
 
@@ -286,12 +287,14 @@ class Calls:
                 version_id=version_id,
                 logs=False,
             )
-        except BaseException:
+        except BaseException as exc:
             self.store.finish_run(
                 run_id,
                 status="failed",
                 duration_ms=0,
-                error_kind="sandbox_unavailable",
+                error_kind="sandbox_unavailable"
+                if isinstance(exc, SandboxUnavailable)
+                else "internal_error",
                 key_id=key_id,
             )
             done.cancel()

@@ -171,12 +171,16 @@ class ApprovalsStore(AuditStore):
         return None
 
     def settle_idempotency_key(self, user_id: str, key: str, run_id: str | None) -> None:
-        """Record the run a key released; None releases the key (the call was refused)."""
+        """Record the run a key released; None releases the key if it released no run
+        (the call was refused before its run started)."""
         with self._write():
             if run_id is None:
+                # Only a key that released no run: once a run started, retries replay it.
                 self.db.execute(
-                    "DELETE FROM idempotency WHERE user_id = ? AND key = ?", [user_id, key]
+                    "DELETE FROM idempotency WHERE user_id = ? AND key = ? AND run_id IS NULL",
+                    [user_id, key],
                 )
+
             else:
                 self.db.execute(
                     "UPDATE idempotency SET run_id = ? WHERE user_id = ? AND key = ?",
