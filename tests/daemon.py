@@ -11,8 +11,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,17 @@ def envelope(response: httpx.Response, status: int, reason: str | None = None) -
     if reason is not None:
         assert body["error"]["details"]["code"] == reason, body
     return dict(body["error"])
+
+
+def concurrently(count: int, call: Callable[[], httpx.Response]) -> list[httpx.Response]:
+    """``call`` made ``count`` times at once, from as many threads; the responses."""
+    results: list[httpx.Response] = []
+    threads = [threading.Thread(target=lambda: results.append(call())) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
 
 
 def free_port() -> int:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from conftest import EXAMPLE
-from daemon import Daemon, envelope, running_daemon
+from daemon import Daemon, concurrently, envelope, running_daemon
 
 SEED_TOOL_FIELDS = [
     "reference",
@@ -435,16 +435,7 @@ def test_rate_limit_is_429_with_retry_after(toolchain_dir: Path) -> None:
 def test_runs_past_the_queue_are_503(toolchain_dir: Path, tmp_path: Path) -> None:
     with running_daemon(toolchain_dir, max_concurrent_runs="1", max_queued_runs="1") as d:
         iid = d.ship(versioned_app(tmp_path / "q", "1.0.0"))["installId"]
-        results: list[Any] = []
-
-        def call() -> None:
-            results.append(d.run(iid, "which", {"ms": 1200}))
-
-        threads = [threading.Thread(target=call) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        results = concurrently(4, lambda: d.run(iid, "which", {"ms": 1200}))
         codes = sorted(r.status_code for r in results)
         assert codes.count(200) == 2 and codes.count(503) == 2, codes
         busy = next(r for r in results if r.status_code == 503)

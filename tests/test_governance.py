@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from daemon import RUNNERD, Daemon, envelope, running_daemon
+from daemon import RUNNERD, Daemon, concurrently, envelope, running_daemon
 
 MARKER = "zz-marker-Q7vK2pL9"
 
@@ -213,16 +213,7 @@ def test_budget_refuses_when_spent_and_concurrent_calls_cannot_overshoot(
             "INSUFFICIENT_WORKSPACE_ROLE",
         )
         d.call("PUT", f"/api/v2/apps/installs/{iid}/budget", d.admin_key, json={"monthlyMs": 1000})
-        results: list[Any] = []
-
-        def call() -> None:
-            results.append(d.run(iid, "slow", {"ms": 600}))
-
-        threads = [threading.Thread(target=call) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        results = concurrently(4, lambda: d.run(iid, "slow", {"ms": 600}))
         codes = sorted(r.status_code for r in results)
         assert codes == [200, 403, 403, 403], codes  # the first reserved its 20 s timeout
         refused = next(r for r in results if r.status_code == 403)
@@ -498,12 +489,7 @@ def test_idempotency_key_returns_the_first_run_and_charges_once(
             headers=headers,
         )
 
-    results: list[Any] = []
-    threads = [threading.Thread(target=lambda: results.append(call({"ms": 300}))) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = concurrently(3, lambda: call({"ms": 300}))
     bodies = [r.json() for r in results]
     assert all(r.status_code == 200 for r in results)
     assert len({b["runId"] for b in bodies}) == 1
