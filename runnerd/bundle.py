@@ -8,28 +8,38 @@ problem found, each with its file and, where there is one, its line.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import io
 import json
+import os
 import posixpath
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
-from ruamel.yaml import YAML
+import re2
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from runnerd import constants as C
 from runnerd.compile import SourceFile, check_code
 from runnerd.errors import BundleRejected, Problem
+from runnerd.patterns import PatternError, compile_pattern
 from runnerd.pins import PinError, normalize_pin, pin_name
 from runnerd.schemas import FieldError, SchemaError, check_document, compile_schema
 from runnerd.toolchain import Toolchain
+from runnerd.yamlfile import load_yaml
 
-__all__ = ["Bundle", "Manifest", "Tool", "load_bundle", "match_globs", "read_app_dir"]
+__all__ = [
+    "Bundle",
+    "Manifest",
+    "Tool",
+    "load_bundle",
+    "match_globs",
+    "read_app_dir",
+    "read_tool_files",
+]
 
 
 class Manifest(msgspec.Struct, frozen=True):
@@ -68,26 +78,72 @@ class Bundle(msgspec.Struct, frozen=True):
 
 # --- Files ----------------------------------------------------------------------------------
 
+# runnerd: a bundle is the manifest plus what the globs name; far more files is a mistake.
+MAX_BUNDLE_FILES = 2_000
+MAX_PATH_CHARS = 1_024
+# runnerd: entries a folder walk looks at before it gives up (node_modules and such).
+MAX_WALK_ENTRIES = 100_000
 
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    """POSIX-path glob to regex: ``*`` and ``?`` stay in one folder, ``**/`` spans folders."""
+
+class _Glob:
+    """A glob matched one path segment at a time, each segment on RE2: ``*`` and ``?``
+    stay in one folder, ``[...]`` is a class (``[!...]`` negated), a ``**`` segment spans
+    any number of folders. Linear in the path: nothing can make it backtrack."""
+
+    def __init__(self, pattern: str) -> None:
+        self.segments = [None if seg == "**" else _segment(seg) for seg in pattern.split("/")]
+
+    def closure(self, states: set[int]) -> set[int]:
+        """``states`` plus the positions reached by letting ``**`` match no folder."""
+        out, todo = set(states), list(states)
+        while todo:
+            i = todo.pop()
+            if i < len(self.segments) and self.segments[i] is None and i + 1 not in out:
+                out.add(i + 1)
+                todo.append(i + 1)
+        return out
+
+    def step(self, states: set[int], name: str) -> set[int]:
+        """The positions after one more path segment, ``name``."""
+        out = set()
+        for i in self.closure(states):
+            if i < len(self.segments):
+                segment = self.segments[i]
+                if segment is None:
+                    out.add(i)
+                elif segment.fullmatch(name):
+                    out.add(i + 1)
+        return out
+
+    def done(self, states: set[int]) -> bool:
+        return len(self.segments) in self.closure(states)
+
+
+def _segment(text: str) -> Any:
+    """One path segment of a glob as an RE2 pattern; GlobError when it is not a glob."""
     out, i = "", 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out, i = out + "(?:[^/]+/)*", i + 3
-        elif pattern.startswith("**", i):
-            out, i = out + ".*", i + 2
-        elif pattern[i] == "*":
-            out, i = out + "[^/]*", i + 1
-        elif pattern[i] == "?":
-            out, i = out + "[^/]", i + 1
-        elif pattern[i] == "[" and (end := pattern.find("]", i + 2)) != -1:
-            body = pattern[i + 1 : end]
-            body = "^" + body[1:] if body.startswith("!") else body
-            out, i = out + f"[{body}]", end + 1
+    while i < len(text):
+        char = text[i]
+        if char == "*":
+            out, i = out + ".*", i + 1
+        elif char == "?":
+            out, i = out + ".", i + 1
+        elif char == "[" and (end := text.find("]", i + 2)) != -1:
+            body = text[i + 1 : end]
+            negate = body.startswith("!")
+            body = body[1:] if negate else body
+            escaped = "".join(c if c == "-" else re2.escape(c) for c in body)
+            out, i = out + f"[{'^' if negate else ''}{escaped}]", end + 1
         else:
-            out, i = out + re.escape(pattern[i]), i + 1
-    return re.compile(out)
+            out, i = out + re2.escape(char), i + 1
+    try:
+        return compile_pattern(f"(?s){out}")
+    except PatternError:
+        raise GlobError(f"{text!r} is not a usable glob (a character class is malformed)") from None
+
+
+class GlobError(ValueError):
+    """A glob that cannot be matched (a malformed character class)."""
 
 
 def _clean_glob(pattern: str) -> str | None:
@@ -101,64 +157,201 @@ def _clean_glob(pattern: str) -> str | None:
     return pattern
 
 
+def _globs(patterns: tuple[str, ...]) -> list[_Glob]:
+    found = []
+    for pattern in patterns:
+        clean = _clean_glob(pattern)
+        if clean:
+            with contextlib.suppress(GlobError):  # reported by the manifest's checks
+                found.append(_Glob(clean))
+    return found
+
+
 def match_globs(globs: tuple[str, ...], paths: list[str]) -> list[str]:
     """The paths (POSIX, relative to the manifest) that any of ``globs`` names, sorted."""
-    regexes = [_glob_regex(g) for g in (_clean_glob(p) for p in globs) if g]
-    return sorted(p for p in paths if any(r.fullmatch(p) for r in regexes))
+    compiled = _globs(globs)
+    named = []
+    for path in paths:
+        for glob in compiled:
+            states = {0}
+            for name in path.split("/"):
+                states = glob.step(states, name)
+                if not states:
+                    break
+            if glob.done(states):
+                named.append(path)
+                break
+    return sorted(named)
+
+
+def _shown_path(path: str) -> str:
+    shown = repr(path)[1:-1]
+    return shown if len(shown) <= 120 else shown[:117] + "..."
+
+
+def _path_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a file of a bundle, or None. Bundles hold plain relative
+    POSIX paths: no absolute path, no empty, ``.`` or ``..`` segment, no NUL."""
+    if not path or len(path) > MAX_PATH_CHARS:
+        return f"a path is 1 to {MAX_PATH_CHARS:,} characters"
+    if "\0" in path:
+        return "a path holds no NUL character"
+    if path.startswith("/"):
+        return "a path is relative to the app folder, not absolute"
+    if any(seg in ("", ".", "..") for seg in path.split("/")):
+        return "a path has no empty, '.' or '..' segment"
+    return None
+
+
+class _Walk:
+    """A walk of an app folder that follows a symlink only while it stays inside the
+    folder; a link out of it, or a broken one, is a problem naming the link."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.real_root = root.resolve()
+        self.problems: list[Problem] = []
+        self.seen = 0
+
+    def inside(self, path: Path) -> Path | None:
+        """The real path of ``path`` if it is inside the app folder, else a problem."""
+        rel = path.relative_to(self.root).as_posix()
+        try:
+            real = path.resolve(strict=True)
+        except (OSError, RuntimeError):
+            self.problems.append(Problem(rel, "is a broken symlink (or a symlink loop)"))
+            return None
+        if real != self.real_root and self.real_root not in real.parents:
+            self.problems.append(
+                Problem(
+                    rel,
+                    "is a symlink to a place outside the app folder; runnerd reads nothing "
+                    "outside it: copy the file in, or point the link inside",
+                )
+            )
+            return None
+        return real
+
+    def files(self, globs: list[_Glob]) -> list[str]:
+        """The files (relative POSIX paths) under the root that ``globs`` may name,
+        visiting only the folders where a glob can still match."""
+        found: list[str] = []
+        stack: list[tuple[Path, list[set[int]]]] = [(self.root, [{0} for _ in globs])]
+        visited = {self.real_root}
+        while stack:
+            folder, states = stack.pop()
+            try:
+                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            except OSError:
+                continue
+            for entry in entries:
+                self.seen += 1
+                if self.seen > MAX_WALK_ENTRIES:
+                    raise BundleRejected(
+                        [
+                            Problem(
+                                C.MANIFEST_NAME,
+                                f"tools: the globs lead through more than {MAX_WALK_ENTRIES:,} "
+                                "files and folders; name the tool files more precisely",
+                            )
+                        ]
+                    )
+                after = [g.step(st, entry.name) for g, st in zip(globs, states, strict=True)]
+                if not any(after):
+                    continue
+                path = Path(entry.path)
+                if entry.is_symlink() and self.inside(path) is None:
+                    continue
+                if entry.is_dir():  # follows a link, which is inside by now
+                    real = path.resolve()
+                    if real not in visited:  # a link back up would loop
+                        visited.add(real)
+                        stack.append((path, after))
+                elif any(g.done(st) for g, st in zip(globs, after, strict=True)):
+                    found.append(path.relative_to(self.root).as_posix())
+        return found
+
+    def read(self, rel: str, limit: int) -> bytes | None:
+        """Up to ``limit`` + 1 bytes of the file ``rel`` (so an oversized file is reported,
+        not loaded), or None when it is a link out of the folder (a problem)."""
+        path = self.root / rel
+        real = self.inside(path) if path.is_symlink() or _has_link(self.root, rel) else path
+        if real is None:
+            return None
+        with real.open("rb") as f:
+            return f.read(limit + 1)
+
+
+def _has_link(root: Path, rel: str) -> bool:
+    """Whether any folder on the way from ``root`` to ``rel`` is a symlink."""
+    path = root
+    for part in rel.split("/")[:-1]:
+        path = path / part
+        if path.is_symlink():
+            return True
+    return False
 
 
 def read_app_dir(root: Path) -> dict[str, bytes]:
     """The bundle of the app in ``root``: the manifest, the files its ``tools`` globs name,
     and the source beside each tool file. Reads no more than a limit-and-a-byte of any file,
-    so an oversized file is reported, not loaded."""
+    so an oversized file is reported, not loaded; never reads through a symlink that leaves
+    ``root``. Raises BundleRejected naming every such link (and a folder too large to walk).
+    """
     files: dict[str, bytes] = {}
+    walk = _Walk(root)
     manifest = root / C.MANIFEST_NAME
     if not manifest.is_file():
         return files
-    files[C.MANIFEST_NAME] = _read_capped(manifest, C.MAX_MANIFEST_BYTES)
-    try:
-        doc = YAML(typ="safe").load(files[C.MANIFEST_NAME])
-        raw = doc.get("tools") if isinstance(doc, dict) else None
-    except YAMLError:
-        raw = None
-    globs = [raw] if isinstance(raw, str) else [g for g in raw or [] if isinstance(g, str)]
-    named: set[Path] = set()
-    for pattern in globs:
-        clean = _clean_glob(pattern)
-        if clean:
-            # Path.glob's trailing ** names folders only; match_globs below is the rule.
-            walk = clean + "/*" if clean.endswith("**") else clean
-            named.update(p for p in root.glob(walk) if p.is_file())
-    named = {
-        root / p for p in match_globs(tuple(globs), [p.relative_to(root).as_posix() for p in named])
-    }
-    for path in list(named):
-        if path.name.endswith(C.TOOL_SUFFIX):
-            stem = path.name[: -len(C.TOOL_SUFFIX)]
+    data = walk.read(C.MANIFEST_NAME, C.MAX_MANIFEST_BYTES)
+    if data is None:
+        raise BundleRejected(walk.problems)
+    files[C.MANIFEST_NAME] = data
+    raw: Any = None
+    if len(data) <= C.MAX_MANIFEST_BYTES:
+        with contextlib.suppress(YAMLError, UnicodeDecodeError):
+            doc = load_yaml(data.decode("utf-8"))
+            raw = doc.get("tools") if isinstance(doc, dict) else None
+    patterns = [raw] if isinstance(raw, str) else [g for g in raw or [] if isinstance(g, str)]
+    named = set(walk.files(_globs(tuple(patterns))))
+    for rel in list(named):
+        if rel.endswith(C.TOOL_SUFFIX):
+            stem = rel[: -len(C.TOOL_SUFFIX)]
             named.update(
-                sibling
-                for ext in C.SOURCE_LANGUAGES
-                if (sibling := path.with_name(stem + ext)).is_file()
+                stem + ext for ext in C.SOURCE_LANGUAGES if (root / (stem + ext)).is_file()
             )
-    for path in sorted(named):
-        rel = path.relative_to(root).as_posix()
+    for rel in sorted(named):
         limit = C.MAX_TOOL_YAML_BYTES if rel.endswith(C.TOOL_SUFFIX) else C.MAX_SOURCE_BYTES
-        files[rel] = _read_capped(path, limit)
+        content = walk.read(rel, limit)
+        if content is not None:
+            files[rel] = content
+    if walk.problems:
+        raise BundleRejected(sorted(walk.problems, key=lambda p: p.file))
     return files
 
 
-def _read_capped(path: Path, limit: int) -> bytes:
-    with path.open("rb") as f:
-        return f.read(limit + 1)
+def read_tool_files(folder: Path, stem: str) -> dict[str, bytes]:
+    """The one-tool bundle of ``<stem>.tool.yaml`` in ``folder`` and its source, read as
+    read_app_dir reads (capped, never through a symlink leaving ``folder``), with a
+    manifest that names just it. Raises BundleRejected naming a link that leaves."""
+    walk = _Walk(folder)
+    files = {C.MANIFEST_NAME: f"slug: local\nname: local\ntools: {stem}{C.TOOL_SUFFIX}\n".encode()}
+    for name in [f"{stem}{C.TOOL_SUFFIX}", *(stem + ext for ext in C.SOURCE_LANGUAGES)]:
+        if (folder / name).is_file() or (folder / name).is_symlink():
+            limit = C.MAX_TOOL_YAML_BYTES if name.endswith(C.TOOL_SUFFIX) else C.MAX_SOURCE_BYTES
+            content = walk.read(name, limit)
+            if content is not None:
+                files[name] = content
+    if walk.problems:
+        raise BundleRejected(walk.problems)
+    return files
 
 
 # --- YAML with positions --------------------------------------------------------------------
 
 
 def _parse_yaml(text: str) -> Any:
-    yaml = YAML(typ="rt")
-    yaml.allow_duplicate_keys = False
-    return yaml.load(io.StringIO(text))
+    return load_yaml(text)
 
 
 def _yaml_problem(file: str, exc: YAMLError) -> Problem:
@@ -240,10 +433,9 @@ def _load_manifest(files: Mapping[str, bytes], problems: list[Problem]) -> Manif
         return None
     globs = (tree["tools"],) if isinstance(tree["tools"], str) else tuple(tree["tools"])
     for i, pattern in enumerate(globs):
-        if _clean_glob(pattern) is None:
-            path: tuple[str | int, ...] = (
-                ("tools",) if isinstance(tree["tools"], str) else ("tools", i)
-            )
+        path: tuple[str | int, ...] = ("tools",) if isinstance(tree["tools"], str) else ("tools", i)
+        clean = _clean_glob(pattern)
+        if clean is None:
             problems.append(
                 Problem(
                     name,
@@ -251,6 +443,11 @@ def _load_manifest(files: Mapping[str, bytes], problems: list[Problem]) -> Manif
                     _line_of(tree, path),
                 )
             )
+            continue
+        try:
+            _Glob(clean)
+        except GlobError as exc:
+            problems.append(Problem(name, f"tools: {exc}", _line_of(tree, path)))
     version = tree.get("version")
     return Manifest(
         slug=str(tree["slug"]),
@@ -424,6 +621,18 @@ def load_bundle(files: Mapping[str, bytes], *, toolchain: Toolchain | None) -> B
     """
     problems: list[Problem] = []
     warnings: list[Problem] = []
+    if len(files) > MAX_BUNDLE_FILES:
+        raise BundleRejected(
+            [
+                Problem(
+                    C.MANIFEST_NAME,
+                    f"the upload holds {len(files):,} files; at most {MAX_BUNDLE_FILES:,}",
+                )
+            ]
+        )
+    bad_paths = [Problem(_shown_path(path), why) for path in files if (why := _path_problem(path))]
+    if bad_paths:
+        raise BundleRejected(bad_paths)
     manifest = _load_manifest(files, problems)
     if manifest is None:
         raise BundleRejected(problems)

@@ -21,7 +21,7 @@ import msgspec
 
 from runnerd.engine import Engine
 from runnerd.errors import BudgetExhausted, RunnerdError
-from runnerd.runs import RunResult, tool_key
+from runnerd.runs import CheckedInput, RunResult, tool_key
 from runnerd.sandbox import SandboxUnavailable
 from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord
 from runnerd.vault import Vault
@@ -198,7 +198,7 @@ class Calls:
         BudgetExhausted or IdempotencyConflict before any sandbox starts."""
         version_id = install.version_id  # resolved once: a later switch does not touch it
         tool = self.tool(install, tool_name, version_id)
-        self.engine.runner.check_input(tool, value, key=tool_key(tool, version_id))
+        checked = await self.engine.runner.check_input(tool, value, key=tool_key(tool, version_id))
         fingerprint = request_hash(install.id, version_id, tool.name, value)
         if idempotency_key is not None:
             replay = await self._replay(who, idempotency_key, fingerprint)
@@ -230,6 +230,7 @@ class Calls:
                 version_id=version_id,
                 workflow_run_id=workflow_run_id,
                 idempotency_key=idempotency_key,
+                checked=checked,
             )
         except BaseException:
             if idempotency_key is not None:
@@ -248,6 +249,7 @@ class Calls:
         version_id: str,
         workflow_run_id: str | None,
         idempotency_key: str | None = None,
+        checked: CheckedInput | None = None,
     ) -> CallResult:
         """Wait for a run slot (or RunQueueFull), admit the run against the budget (its
         row and reservation), then execute it."""
@@ -263,7 +265,9 @@ class Calls:
             )
             if idempotency_key is not None:
                 self.store.settle_idempotency_key(who.user_id, idempotency_key, run_id)
-            return await self._execute(run_id, install, tool, value, version_id, who.key_id)
+            return await self._execute(
+                run_id, install, tool, value, version_id, who.key_id, checked
+            )
 
     async def _execute(
         self,
@@ -273,6 +277,7 @@ class Calls:
         value: Any,
         version_id: str,
         key_id: str | None,
+        checked: CheckedInput | None = None,
     ) -> CallResult:
         """Run an admitted run in its jail and end it (row, ledger, audit, budget in one
         transaction); the result stays in memory only. Its row ends even if no jail
@@ -283,6 +288,7 @@ class Calls:
             outcome: RunResult = await self.engine.runner.run(
                 tool,
                 value,
+                checked=checked,
                 secrets=self.secrets_of(install.id),
                 version_id=version_id,
                 logs=False,

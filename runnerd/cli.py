@@ -18,11 +18,12 @@ from typing import Any
 import msgspec
 
 from runnerd import __version__
-from runnerd.bundle import Bundle, load_bundle, read_app_dir
+from runnerd.bundle import Bundle, load_bundle, read_app_dir, read_tool_files
 from runnerd.cli_admin import register_admin
 from runnerd.cli_client import register_client
+from runnerd.cli_common import printable, read_input
 from runnerd.config import ConfigError, Settings, load_settings
-from runnerd.constants import MANIFEST_NAME, SOURCE_LANGUAGES, TOOL_SUFFIX
+from runnerd.constants import MANIFEST_NAME, TOOL_SUFFIX
 from runnerd.engine import Engine, build_engine
 from runnerd.envs import EnvBuildFailed
 from runnerd.errors import BundleRejected, Problem
@@ -85,7 +86,7 @@ def cmd_app_validate(args: argparse.Namespace) -> int:
             _print_json({"ok": False, "problems": _problem_dicts(exc.problems)})
         else:
             for problem in exc.problems:
-                print(f"{_at(root, problem)}: {problem.message}")
+                print(printable(f"{_at(root, problem)}: {problem.message}"))
             count = len(exc.problems)
             print(f"\n{count} problem{'s' if count != 1 else ''}; the app would be refused.")
         return 1
@@ -102,7 +103,7 @@ def cmd_app_validate(args: argparse.Namespace) -> int:
         )
         return 0
     for warning in bundle.warnings:
-        print(f"warning: {_at(root, warning)}: {warning.message}")
+        print(printable(f"warning: {_at(root, warning)}: {warning.message}"))
     version = f" version {manifest.version}" if manifest.version else ""
     count = len(bundle.tools)
     print(
@@ -131,22 +132,7 @@ def _local_tool_files(path: Path) -> tuple[Path, dict[str, bytes]]:
     """The one-tool bundle of ``path`` (a <name>.tool.yaml or its source file)."""
     name = path.name
     stem = name[: -len(TOOL_SUFFIX)] if name.endswith(TOOL_SUFFIX) else path.stem
-    folder = path.parent
-    files = {
-        MANIFEST_NAME: f"slug: local\nname: local\ntools: {stem}{TOOL_SUFFIX}\n".encode(),
-    }
-    for candidate in [f"{stem}{TOOL_SUFFIX}", *(stem + ext for ext in SOURCE_LANGUAGES)]:
-        if (folder / candidate).is_file():
-            files[candidate] = (folder / candidate).read_bytes()
-    return folder, files
-
-
-def _read_input(text: str) -> Any:
-    if text == "-":
-        text = sys.stdin.read()
-    elif text.startswith("@"):
-        text = Path(text[1:]).read_text()
-    return json.loads(text)
+    return path.parent, read_tool_files(path.parent, stem)
 
 
 def _secrets(pairs: list[str]) -> dict[str, str]:
@@ -161,6 +147,14 @@ def _secrets(pairs: list[str]) -> dict[str, str]:
     return found
 
 
+def _refused(args: argparse.Namespace, exc: InputRejected) -> int:
+    if args.json:
+        _print_json({"error": {"code": exc.code, "message": str(exc), "pointer": exc.pointer}})
+    else:
+        print(f"refused ({exc.code}): {exc}", file=sys.stderr)
+    return 1
+
+
 def cmd_tool_test(args: argparse.Namespace) -> int:
     settings = _settings(args)
     path = Path(args.path)
@@ -168,16 +162,19 @@ def cmd_tool_test(args: argparse.Namespace) -> int:
         print(f"runnerd: {path}: no such tool file", file=sys.stderr)
         return 2
     try:
-        value = _read_input(args.input)
+        value = read_input(args.input)
         secrets = _secrets(args.secret or [])
+    except InputRejected as exc:
+        return _refused(args, exc)
     except (ValueError, OSError) as exc:
         print(f"runnerd: --input/--secret: {exc}", file=sys.stderr)
         return 2
     engine = build_engine(settings)
     if engine.cgroups.warning:
         print(engine.cgroups.warning, file=sys.stderr)
-    folder, files = _local_tool_files(path)
+    folder = path.parent
     try:
+        folder, files = _local_tool_files(path)
         bundle = load_bundle(files, toolchain=engine.toolchain)
         [tool] = bundle.tools
         if tool.packages:
@@ -186,14 +183,10 @@ def cmd_tool_test(args: argparse.Namespace) -> int:
     except BundleRejected as exc:
         for problem in exc.problems:
             if problem.file != MANIFEST_NAME:
-                print(f"{_at(folder, problem)}: {problem.message}", file=sys.stderr)
+                print(printable(f"{_at(folder, problem)}: {problem.message}"), file=sys.stderr)
         return 1
     except InputRejected as exc:
-        if args.json:
-            _print_json({"error": {"code": exc.code, "message": str(exc), "pointer": exc.pointer}})
-        else:
-            print(f"refused ({exc.code}): {exc}", file=sys.stderr)
-        return 1
+        return _refused(args, exc)
     except (EnvBuildFailed, SandboxUnavailable) as exc:
         print(f"runnerd: {exc}", file=sys.stderr)
         return 1
@@ -211,12 +204,12 @@ def cmd_tool_test(args: argparse.Namespace) -> int:
     else:
         print(f"{result.status} in {result.duration_ms} ms")
         if result.output is not None:
-            print(json.dumps(result.output, indent=2, ensure_ascii=False))
+            print(printable(json.dumps(result.output, indent=2, ensure_ascii=False)))
         if result.error:
-            print(f"error: {result.error}")
+            print(printable(f"error: {result.error}"))
         if result.logs:
             print("--- logs" + (" (truncated)" if result.logs_truncated else ""))
-            print(result.logs.rstrip("\n"))
+            print(printable(result.logs.rstrip("\n")))
     return 0 if result.status == "succeeded" else 1
 
 

@@ -13,12 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from runnerd.bundle import read_app_dir
-from runnerd.cli_common import line_printer, output
+from runnerd.cli_common import line_printer, output, printable, read_input
 from runnerd.client import ApiClient, ApiFailure
 from runnerd.constants import MANIFEST_NAME
+from runnerd.errors import BundleRejected
+from runnerd.runs import InputRejected
+from runnerd.yamlfile import load_yaml
 
 __all__ = ["register_client"]
 
@@ -45,7 +48,14 @@ def _slug(args: argparse.Namespace) -> str:
     manifest = Path(args.dir) / MANIFEST_NAME
     if not manifest.is_file():
         raise SystemExit(f"runnerd: pass --app SLUG, or run in an app folder ({manifest})")
-    return str(YAML(typ="safe").load(manifest.read_text())["slug"])
+    try:
+        doc = load_yaml(read_app_dir(Path(args.dir))[MANIFEST_NAME].decode())
+        return str(doc["slug"])
+    except (BundleRejected, YAMLError, UnicodeDecodeError, KeyError, TypeError):
+        raise SystemExit(
+            f"runnerd: {manifest} names no slug (check it with runnerd app validate), "
+            "or pass --app SLUG"
+        ) from None
 
 
 def _failure(args: argparse.Namespace, exc: ApiFailure) -> int:
@@ -64,13 +74,14 @@ def _failure(args: argparse.Namespace, exc: ApiFailure) -> int:
             + "\n"
         )
         return 1
-    print(f"runnerd: {exc.code}: {exc}", file=sys.stderr)
+    lines = [f"runnerd: {exc.code}: {exc}"]
     for problem in exc.details.get("problems", []):
         line = f":{problem['line']}" if problem.get("line") else ""
-        print(f"{problem['file']}{line}: {problem['message']}", file=sys.stderr)
+        lines.append(f"{problem['file']}{line}: {problem['message']}")
     reason = exc.details.get("code")
     if reason and not exc.details.get("problems"):
-        print(f"  ({reason})", file=sys.stderr)
+        lines.append(f"  ({reason})")
+    print(printable("\n".join(lines)), file=sys.stderr)
     return 1
 
 
@@ -88,7 +99,13 @@ def _client_command(
 
 def cmd_deploy(args: argparse.Namespace, client: ApiClient) -> int:
     root = Path(args.dir)
-    files = read_app_dir(root)
+    try:
+        files = read_app_dir(root)
+    except BundleRejected as exc:
+        lines = [f"runnerd: {exc}"]
+        lines += [f"{root / p.file}: {p.message}" for p in exc.problems]
+        print(printable("\n".join(lines)), file=sys.stderr)
+        return 1
     if MANIFEST_NAME not in files:
         print(f"runnerd: no {MANIFEST_NAME} in {root}", file=sys.stderr)
         return 2
@@ -202,8 +219,11 @@ def cmd_tools_run(args: argparse.Namespace, client: ApiClient) -> int:
         print("runnerd: REF is app-slug/tool_name, such as deal-desk/score_offer", file=sys.stderr)
         return 2
     try:
-        value = json.loads(sys.stdin.read() if args.input == "-" else args.input)
-    except ValueError as exc:
+        value = read_input(args.input)
+    except InputRejected as exc:
+        print(f"refused ({exc.code}): {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as exc:
         print(f"runnerd: --input is not JSON: {exc}", file=sys.stderr)
         return 2
     result = client.call(

@@ -3,15 +3,46 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from runnerd.config import Settings, load_settings
+from runnerd.constants import MAX_JSON_DEPTH
+from runnerd.nesting import nesting_over
+from runnerd.runs import InputRejected
 
-__all__ = ["line_printer", "output", "settings_from_args"]
+__all__ = ["line_printer", "output", "printable", "read_input", "settings_from_args"]
+
+
+# Characters a terminal acts on instead of showing: C0 controls but newline and tab, DEL,
+# C1 controls (ESC's 8-bit twins), and the invisible format characters that reorder or
+# hide text (bidi overrides and isolates, zero-width marks).
+_CONTROL = {
+    c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+    for c in [
+        *range(0x00, 0x20),
+        *range(0x7F, 0xA0),
+        *range(0x200B, 0x2010),
+        *range(0x202A, 0x202F),
+        *range(0x2066, 0x206A),
+        0xFEFF,
+    ]
+    if c not in (0x0A, 0x09)
+}
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print to a terminal: what a tool wrote (logs, errors, output) or
+    a file held can carry escape sequences; they are shown escaped (``\\x1b``), never
+    sent. JSON output needs none of this: its encoder escapes them already."""
+    return text.translate(_CONTROL)
 
 
 def line_printer(rows: list[Any], fmt: Callable[[Any], str], empty: str) -> Callable[[], None]:
@@ -27,11 +58,31 @@ def line_printer(rows: list[Any], fmt: Callable[[Any], str], empty: str) -> Call
 
 
 def output(args: argparse.Namespace, value: Any, human: Callable[[], None]) -> int:
+    """``value`` as JSON with --json; else what ``human`` prints, made printable (it
+    shows what tools and files said)."""
     if args.json:
         sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
     else:
-        human()
+        shown = io.StringIO()
+        with contextlib.redirect_stdout(shown):
+            human()
+        sys.stdout.write(printable(shown.getvalue()))
     return 0
+
+
+def read_input(text: str) -> Any:
+    """An --input value (JSON text, @FILE or - for stdin) decoded; InputRejected when it
+    nests past the limit (checked before decoding, which recurses), ValueError when it
+    is not JSON."""
+    if text == "-":
+        text = sys.stdin.read()
+    elif text.startswith("@"):
+        text = Path(text[1:]).read_text()
+    if nesting_over(text, MAX_JSON_DEPTH) is not None:
+        raise InputRejected(
+            "INVALID_INPUT", f"input is nested deeper than {MAX_JSON_DEPTH} levels, the limit"
+        )
+    return json.loads(text)
 
 
 def settings_from_args(args: argparse.Namespace, **flags: Any) -> Settings:

@@ -40,6 +40,11 @@ SOURCE_LANGUAGES: Final[dict[str, str]] = {
 
 MAX_INPUT_BYTES: Final = 256 * KB  # seed 000, Limits: "Input of one call 256 KB"
 MAX_OUTPUT_BYTES: Final = 1 * MB  # seed 000, Limits: "Output of one run 1 MB"
+# runnerd: JSON nesting (inputs, outputs, request bodies) and YAML nesting (tool and app
+# files). Decoders and validators recurse once per level; deeper is refused unread.
+MAX_JSON_DEPTH: Final = 128
+# runnerd: a run's error text (message and stack), after secrets are scrubbed from it.
+MAX_ERROR_CHARS: Final = 8 * KB
 
 # --- Daemon defaults (shared/DESIGN.md, *Contract*) ---------------------------------------
 

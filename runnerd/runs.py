@@ -8,27 +8,31 @@ never written to disk or logged here; errors and logs are scrubbed of secrets.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import fastjsonschema
 import msgspec
 
-from runnerd.constants import MAX_INPUT_BYTES, MAX_OUTPUT_BYTES
+from runnerd.checks import Checker, CheckTimedOut, Validators
+from runnerd.constants import MAX_ERROR_CHARS, MAX_INPUT_BYTES, MAX_JSON_DEPTH, MAX_OUTPUT_BYTES
 from runnerd.envs import EnvManager
 from runnerd.errors import RunnerdError
+from runnerd.nesting import nesting_over
 from runnerd.sandbox import Job, Outcome, Sandbox
-from runnerd.schemas import compile_schema
+from runnerd.schemas import SchemaError
 from runnerd.secrets import Scrubber
 
 __all__ = [
+    "CheckedInput",
     "InputRejected",
     "RunResult",
     "RunnableTool",
     "Runner",
-    "Validators",
+    "ToolUnusable",
 ]
 
 SUCCEEDED, FAILED, TIMED_OUT = "succeeded", "failed", "timed_out"
@@ -69,13 +73,25 @@ class InputRejected(RunnerdError):
         super().__init__(message)
 
 
+class ToolUnusable(RunnerdError):
+    """A stored tool this runnerd cannot call (its schema breaks a rule added since)."""
+
+
 class RunResult(msgspec.Struct, omit_defaults=True):
     status: str  # succeeded | failed | timed_out
     output: Any
     error: str | None
-    duration_ms: int
+    duration_ms: int  # what the caller waited for the run: checks, jail and tool
     logs: str = ""  # stdout+stderr, scrubbed; for builders, never stored
     logs_truncated: bool = False
+
+
+class CheckedInput(msgspec.Struct, frozen=True):
+    """An input that passed its checks: the JSON sent to the jail, and how long the
+    checks took (part of the run's duration)."""
+
+    encoded: bytes
+    check_s: float
 
 
 def tool_key(tool: RunnableTool, version_id: str | None = None) -> str:
@@ -88,25 +104,6 @@ def tool_key(tool: RunnableTool, version_id: str | None = None) -> str:
         digest.update(part.encode() + b"\0")
     digest.update(msgspec.json.encode([tool.input_schema, tool.output_schema]))
     return f"local-{digest.hexdigest()[:24]}"
-
-
-class Validators:
-    """fastjsonschema validators, compiled once per (tool key, input|output), LRU-bounded."""
-
-    def __init__(self, capacity: int = 2048) -> None:
-        self.capacity = capacity
-        self._cache: OrderedDict[tuple[str, str], Callable[[Any], Any]] = OrderedDict()
-
-    def get(self, key: str, which: str, schema: dict[str, Any]) -> Callable[[Any], Any]:
-        slot = (key, which)
-        found = self._cache.get(slot)
-        if found is None:
-            found = self._cache[slot] = compile_schema(schema)
-            if len(self._cache) > self.capacity:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(slot)
-        return found
 
 
 def _code_file(tool: RunnableTool) -> tuple[str, str]:
@@ -142,6 +139,17 @@ def _schema_failure(exc: fastjsonschema.JsonSchemaValueException) -> tuple[str, 
     return pointer or "/", f"{pointer or 'the value'} {what}"
 
 
+def _capped(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text) - limit:,} more characters cut]"
+
+
+def _too_deep(what: str) -> str:
+    return f"{what} is nested deeper than {MAX_JSON_DEPTH} levels, the limit"
+
+
 class Runner:
     """Runs tools: the same checks and the same jail for the daemon and ``tool test``."""
 
@@ -151,52 +159,88 @@ class Runner:
         sandbox: Sandbox,
         envs: EnvManager | None = None,
         validators: Validators | None = None,
+        checker: Checker | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.envs = envs
         self.validators = validators or Validators()
+        self.checker = checker or Checker()
 
-    def check_input(self, tool: RunnableTool, value: Any, *, key: str) -> bytes:
-        """The input as compact JSON, or InputRejected (size first, then schema)."""
-        encoded = msgspec.json.encode(value)
-        if len(encoded) > MAX_INPUT_BYTES:
-            raise InputRejected(
-                "INPUT_TOO_LARGE",
-                f"input is {len(encoded):,} bytes; a call's input is at most "
-                f"{MAX_INPUT_BYTES // 1024} KB",
-            )
+    async def check_input(self, tool: RunnableTool, value: Any, *, key: str) -> CheckedInput:
+        """The input as compact JSON, or InputRejected: size, nesting, then schema, in a
+        checker thread within its time budget. Both schemas must compile (a version stored
+        by an older runnerd may hold one that this one refuses: ToolUnusable)."""
+        started = time.monotonic()
+
+        def check() -> bytes:
+            try:
+                encoded = msgspec.json.encode(value)
+            except RecursionError:
+                raise InputRejected("INVALID_INPUT", _too_deep("input")) from None
+            if len(encoded) > MAX_INPUT_BYTES:
+                raise InputRejected(
+                    "INPUT_TOO_LARGE",
+                    f"input is {len(encoded):,} bytes; a call's input is at most "
+                    f"{MAX_INPUT_BYTES // 1024} KB",
+                )
+            if nesting_over(encoded, MAX_JSON_DEPTH) is not None:
+                raise InputRejected("INVALID_INPUT", _too_deep("input"))
+            try:
+                validate = self.validators.get(key, "input", tool.input_schema)
+                self.validators.get(key, "output", tool.output_schema)
+            except SchemaError as exc:
+                raise ToolUnusable(
+                    f"the tool {tool.name!r} cannot be called: its stored schema is refused "
+                    f"by this runnerd ({exc}); deploy a version with a schema that passes"
+                ) from None
+            try:
+                validate(value)
+            except fastjsonschema.JsonSchemaValueException as exc:
+                pointer, message = _schema_failure(exc)
+                raise InputRejected("INVALID_INPUT", f"input {message}", pointer) from None
+            return encoded
+
         try:
-            self.validators.get(key, "input", tool.input_schema)(value)
-        except fastjsonschema.JsonSchemaValueException as exc:
-            pointer, message = _schema_failure(exc)
-            raise InputRejected("INVALID_INPUT", f"input {message}", pointer) from None
-        return encoded
+            encoded = await self.checker.run(check)
+        except CheckTimedOut as exc:
+            raise InputRejected(
+                "INVALID_INPUT", f"checking the input against the input schema {exc}"
+            ) from None
+        return CheckedInput(encoded, time.monotonic() - started)
 
     async def run(
         self,
         tool: RunnableTool,
         value: Any,
         *,
+        checked: CheckedInput | None = None,
         secrets: Mapping[str, str] | None = None,
         version_id: str | None = None,
         network: bool = False,
         logs: bool = True,
     ) -> RunResult:
-        """Check ``value``, run the tool once in a fresh jail, check what it returned.
+        """Check ``value`` (unless ``checked`` is the result of check_input), run the tool
+        once in a fresh jail, check what it returned.
 
         Raises InputRejected before the sandbox starts; after that, always a RunResult.
         Without ``logs`` (callers that do not show them) the answer comes as soon as the
         tool has replied.
         """
+        started = time.monotonic()
         key = tool_key(tool, version_id)
-        encoded = self.check_input(tool, value, key=key)
+        # The checks are part of what the caller waits for: counted from here when they
+        # run now, added below when they ran before (check_input's own measure).
+        checked_before = 0.0 if checked is None else checked.check_s
+        if checked is None:
+            checked = await self.check_input(tool, value, key=key)
         secrets = dict(secrets or {})
+        scrub = Scrubber(secrets)
         env_dir = None
         if tool.packages and self.envs is not None:
             env_dir = await self.envs.ensure(tool.language, tuple(tool.packages))
         module, code = _code_file(tool)
         request = (
-            b'{"input":' + encoded
+            b'{"input":' + checked.encoded
             + b',"env":' + msgspec.json.encode(secrets)
             + b',"code":' + msgspec.json.encode(code)
             + b',"file":' + msgspec.json.encode(tool.source_path)
@@ -209,21 +253,42 @@ class Runner:
             request=request,
             env_dir=env_dir,
             network=network,
+            log_slack=scrub.longest,
         )
-        outcome = await self.sandbox.run(job, logs=logs)
-        return self._judge(tool, key, outcome, Scrubber(secrets))
+        try:
+            outcome = await self.sandbox.run(job, logs=logs, refill=False)
+            result = await self.checker.run(lambda: self._judge(tool, key, outcome, scrub))
+        except CheckTimedOut as exc:
+            result = RunResult(
+                status=FAILED,
+                output=None,
+                error=f"checking the output against the output schema {exc}",
+                duration_ms=0,
+                logs="",
+                logs_truncated=outcome.logs_truncated,
+            )
+        finally:
+            # After the answer is on its way: the next jail's fork would delay it.
+            asyncio.get_running_loop().call_soon(self.sandbox.refill, job.kind)
+        result.duration_ms = round((time.monotonic() - started + checked_before) * 1000)
+        return result
 
     def _judge(self, tool: RunnableTool, key: str, out: Outcome, scrub: Scrubber) -> RunResult:
+        """What the jail's outcome means (in a checker thread): a status, the checked
+        output, errors and logs scrubbed of secrets before they are cut to size."""
+        log_limit = self.sandbox.limits.log_bytes
         logs = scrub.scrub(out.logs.decode("utf-8", "replace"))
+        logs_truncated = out.logs_truncated or len(logs.encode()) > log_limit
+        logs = logs.encode()[:log_limit].decode("utf-8", "ignore")
 
         def result(status: str, error: str | None, output: Any = None) -> RunResult:
             return RunResult(
                 status=status,
                 output=output,
-                error=scrub.scrub(error) if error else None,
-                duration_ms=out.duration_ms,
+                error=_capped(scrub.scrub(error), MAX_ERROR_CHARS) if error else None,
+                duration_ms=0,  # set by run(), which knows when the run began
                 logs=logs,
-                logs_truncated=out.logs_truncated,
+                logs_truncated=logs_truncated,
             )
 
         if out.timed_out:
@@ -236,10 +301,13 @@ class Runner:
             return result(FAILED, _too_large(None))
         if out.result is None:
             return result(FAILED, self._no_result(out))
+        # {"ok": true, "output": ...} wraps the output in one more level.
+        if nesting_over(out.result, MAX_JSON_DEPTH + 1) is not None:
+            return result(FAILED, _too_deep("output"))
         try:
             reply = msgspec.json.decode(out.result)
             ok = reply["ok"]
-        except (msgspec.DecodeError, KeyError, TypeError):
+        except (msgspec.DecodeError, KeyError, TypeError, RecursionError):
             return result(
                 FAILED,
                 "the tool's result channel held something that is not a "
@@ -260,6 +328,8 @@ class Runner:
         except fastjsonschema.JsonSchemaValueException as exc:
             _, message = _schema_failure(exc)
             return result(FAILED, f"output does not match the output schema: {message}")
+        except RecursionError:
+            return result(FAILED, _too_deep("output"))
         leaked = scrub.found_in(raw.decode())
         if leaked:
             return result(

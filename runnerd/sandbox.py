@@ -97,6 +97,8 @@ class Job:
     request: bytes = field(repr=False)
     env_dir: Path | None = None  # the tool's package environment, if it lists packages
     network: bool = False
+    # Logs kept past the cap, so secrets are scrubbed before the cut (runs.py cuts).
+    log_slack: int = 0
 
     @property
     def kind(self) -> JailKind:
@@ -351,7 +353,8 @@ class Sandbox:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _refill(self, kind: JailKind) -> None:
+    def refill(self, kind: JailKind) -> None:
+        """Keep ``warm`` jails of ``kind`` waiting (started in the background)."""
         if self.warm <= 0 or self._closed:
             return
         # Keep waiting jails for the kinds in use lately only (each package env is a kind).
@@ -389,7 +392,7 @@ class Sandbox:
         if ready and jail in ready:
             ready.remove(jail)
         await self._discard(jail)
-        self._refill(jail.kind)
+        self.refill(jail.kind)
 
     async def _discard(self, jail: _Jail) -> None:
         if jail.alive:
@@ -399,7 +402,7 @@ class Sandbox:
     async def warm_up(self, kinds: list[JailKind]) -> None:
         """Start the waiting jails of these kinds now (at daemon start)."""
         for kind in kinds:
-            self._refill(kind)
+            self.refill(kind)
 
     async def close(self) -> None:
         """Stop every waiting jail and let the jails still ending finish (at shutdown)."""
@@ -410,13 +413,15 @@ class Sandbox:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=MAX_TIMEOUT_S + 5)
 
-    async def run(self, job: Job, *, logs: bool = True) -> Outcome:
+    async def run(self, job: Job, *, logs: bool = True, refill: bool = True) -> Outcome:
         """Run ``job`` in a fresh jail and report what happened; never raises for what the
         tool does (crash, flood, hang); raises SandboxUnavailable if no jail can start.
 
         Without ``logs``, the answer comes as soon as the reply is complete; the jail's
         end (its exit, or its stop at the deadline, and the return of its uid) goes on
         in the background. With ``logs``, it waits for the exit, which closes them.
+        Without ``refill``, the caller starts the next waiting jail (``refill``) once it
+        has answered its own caller: a jail's fork would delay that answer.
         """
         started = time.monotonic()
         deadline = started + job.timeout_ms / 1000
@@ -424,6 +429,7 @@ class Sandbox:
         jail = self._take(kind)
         if jail is None:
             jail = await self._start(kind, math.ceil(job.timeout_ms / 1000))
+        jail.logs.cap = self.limits.log_bytes + job.log_slack  # nothing is read before the request
         handed_over = False
         try:
             proc = jail.proc
@@ -465,7 +471,8 @@ class Sandbox:
             if not handed_over:
                 jail.uid_lock.close()
             # Start the next waiting jail only now: its fork would delay this call's request.
-            self._refill(kind)
+            if refill:
+                self.refill(kind)
 
     async def _finish(self, jail: _Jail, deadline: float) -> None:
         """A jail that has replied still ends by its deadline; its uid comes back after."""

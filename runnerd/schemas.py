@@ -13,14 +13,18 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import fastjsonschema
 import msgspec
 
+from runnerd.patterns import PatternError
 from runnerd.resources import resource_dir
+from runnerd.schema_codegen import compile_linear
 
 __all__ = [
     "FieldError",
@@ -52,9 +56,14 @@ def schemas_dir() -> Path:
 
 
 @functools.cache
+def _published_text(name: str) -> str:
+    return (schemas_dir() / f"{name}.schema.json").read_text()
+
+
 def published_schema(name: str) -> dict[str, Any]:
-    """The published schema ``name`` (``agentserve.tool`` or ``agentserve.app``), parsed."""
-    data: dict[str, Any] = json.loads((schemas_dir() / f"{name}.schema.json").read_text())
+    """The published schema ``name`` (``agentserve.tool`` or ``agentserve.app``), parsed:
+    a fresh copy each time, since fastjsonschema rewrites what it compiles."""
+    data: dict[str, Any] = json.loads(_published_text(name))
     return data
 
 
@@ -65,39 +74,112 @@ def _no_remote(uri: str) -> Any:
 # Every scheme urllib could fetch is answered by a refusal, so compiling never fetches.
 _HANDLERS = {scheme: _no_remote for scheme in ("http", "https", "file", "ftp", "data")}
 
+# Keywords whose subschemas apply to the same value (no step into the data): a cycle
+# through these alone and $ref never ends.
+_IN_PLACE_LISTS = ("allOf", "anyOf", "oneOf")
+_IN_PLACE_ONE = ("not", "if", "then", "else")
 
-def _refs(node: Any) -> Iterator[str]:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key == "$ref" and isinstance(value, str):
-                yield value
-            else:
-                yield from _refs(value)
-    elif isinstance(node, list):
-        for item in node:
-            yield from _refs(item)
+
+def _unescape(token: str) -> str:
+    return unquote(token).replace("~1", "/").replace("~0", "~")
+
+
+def _walk(schema: Any) -> Iterator[tuple[str, Any]]:
+    """Every (JSON pointer, node) of ``schema``, iteratively (nesting is capped elsewhere)."""
+    stack: list[tuple[str, Any]] = [("", schema)]
+    while stack:
+        pointer, node = stack.pop()
+        yield pointer, node
+        if isinstance(node, dict):
+            for key, value in node.items():
+                token = str(key).replace("~", "~0").replace("/", "~1")
+                stack.append((f"{pointer}/{token}", value))
+        elif isinstance(node, list):
+            stack.extend((f"{pointer}/{i}", value) for i, value in enumerate(node))
+
+
+def _check_refs(schema: Any) -> None:
+    """SchemaError for a $ref that is not a local JSON pointer, points nowhere, or leads
+    back to itself without stepping into the data (validation would never end)."""
+    nodes = dict(_walk(schema))
+    edges: dict[str, list[str]] = {}
+    for pointer, node in nodes.items():
+        if not isinstance(node, dict):
+            continue
+        if pointer and isinstance(node.get("$id", node.get("id")), str):
+            raise SchemaError(
+                f"{pointer or '/'}: $id is allowed only at the top of the schema, where it "
+                "does not change what local refs point to"
+            )
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            if ref != "#" and not ref.startswith("#/"):
+                raise SchemaError(
+                    f"$ref {ref!r} at {pointer or '/'} points outside the schema; only local "
+                    "refs such as # and #/$defs/name are allowed"
+                )
+            target = "".join("/" + _unescape(t) for t in ref[2:].split("/")) if ref != "#" else ""
+            if target not in nodes:
+                raise SchemaError(f"$ref {ref!r} at {pointer or '/'} points to nothing")
+            edges[pointer] = [target]  # $ref overrides its siblings
+            continue
+        found = [f"{pointer}/{key}/{i}" for key in _IN_PLACE_LISTS
+                 if isinstance(node.get(key), list) for i in range(len(node[key]))]  # fmt: skip
+        found += [f"{pointer}/{key}" for key in _IN_PLACE_ONE if key in node]
+        dependencies = node.get("dependencies", node.get("dependentSchemas"))
+        if isinstance(dependencies, dict):
+            word = "dependencies" if "dependencies" in node else "dependentSchemas"
+            found += [
+                f"{pointer}/{word}/{str(k).replace('~', '~0').replace('/', '~1')}"
+                for k, v in dependencies.items()
+                if isinstance(v, dict)
+            ]
+        edges[pointer] = found
+    # Iterative depth-first search: a grey node met again closes a cycle.
+    colour: dict[str, int] = {}
+    for start in edges:
+        if colour.get(start):
+            continue
+        stack = [(start, iter(edges.get(start, ())))]
+        colour[start] = 1
+        while stack:
+            pointer, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                colour[pointer] = 2
+                stack.pop()
+            elif colour.get(child) == 1:
+                ref_at = next(p for p, _ in stack[[p for p, _ in stack].index(child) :]
+                              if "$ref" in nodes[p])  # fmt: skip
+                raise SchemaError(
+                    f"$ref {nodes[ref_at]['$ref']!r} at {ref_at or '/'} leads back to itself "
+                    "without stepping into the value, so checking any value would never end"
+                )
+            elif not colour.get(child):
+                colour[child] = 1
+                stack.append((child, iter(edges.get(child, ()))))
 
 
 def compile_schema(schema: dict[str, Any]) -> Validator:
-    """Compile ``schema`` with fastjsonschema; raise SchemaError saying why it cannot be.
+    """Compile ``schema``; raise SchemaError saying why it cannot be.
 
-    Defaults in the schema are never filled in: a tool receives exactly the input sent.
+    Validation runs in linear time in what the schema's own keywords ask: patterns and
+    formats on RE2 (a pattern RE2 cannot run is a SchemaError), uniqueItems by hashing
+    values an attacker cannot make collide. $refs are local JSON pointers without a
+    cycle that never steps into the value. Defaults in the schema are never filled in: a
+    tool receives exactly the input sent.
     """
-    for ref in _refs(schema):
-        if not ref.startswith("#"):
-            raise SchemaError(
-                f"$ref {ref!r} points outside the schema; only local refs such as "
-                "#/$defs/name are allowed"
-            )
+    _check_refs(schema)
     try:
-        validator: Validator = fastjsonschema.compile(schema, handlers=_HANDLERS, use_default=False)
+        return compile_linear(schema, handlers=_HANDLERS)
     except SchemaError:
         raise
+    except PatternError as exc:
+        raise SchemaError(str(exc)) from None
     except fastjsonschema.JsonSchemaDefinitionException as exc:
         raise SchemaError(str(exc)) from None
-    except Exception as exc:  # fastjsonschema lets re.error, KeyError... through
+    except Exception as exc:  # fastjsonschema lets KeyError, TypeError... through
         raise SchemaError(f"{type(exc).__name__}: {exc}") from None
-    return validator
 
 
 @functools.cache
@@ -112,6 +194,26 @@ def _property_validator(schema_name: str, key: str, drop_items: bool) -> Validat
 def _show(value: Any) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_$][A-Za-z0-9_$.-]*")
+_KINDS = {str: "a string", int: "a number", float: "a number", bool: "true or false",
+          list: "a list", type(None): "nothing"}  # fmt: skip
+
+
+def _kind(value: Any) -> str:
+    return _KINDS.get(type(value), "a value of another kind")
+
+
+def _unknown_field(key: Any, allowed: list[str]) -> str:
+    """The message for an unknown field: the key only when it is a plain name, and cut
+    short, since a file that is no tool file (a secret, a password file) may hold it."""
+    if not isinstance(key, str) or not _PLAIN_KEY.fullmatch(key):
+        return f"an unknown field (not a plain name); allowed: {', '.join(allowed)}"
+    shown = key if len(key) <= 40 else key[:37] + "..."
+    hint = difflib.get_close_matches(key, allowed, n=1)
+    tail = f"; did you mean {hint[0]!r}?" if hint else f"; allowed: {', '.join(allowed)}"
+    return f"unknown field {shown!r}{tail}"
 
 
 def _pointer_text(path: list[str | int]) -> str:
@@ -131,7 +233,8 @@ def check_document(
     """
     schema = published_schema(schema_name)
     if not isinstance(doc, dict):
-        return [FieldError((), f"must be a mapping of fields, got {_show(doc)}")]
+        # Never the value itself: a file that is no tool file may hold anything.
+        return [FieldError((), f"must be a mapping of fields, got {_kind(doc)}")]
     props: dict[str, Any] = schema["properties"]
     errors: list[FieldError] = []
     for key in schema.get("required", []):
@@ -139,9 +242,7 @@ def check_document(
             errors.append(FieldError((key,), f"{key} is required: {props[key]['description']}"))
     for key, value in doc.items():
         if key not in props:
-            hint = difflib.get_close_matches(str(key), list(props), n=1)
-            tail = f"; did you mean {hint[0]!r}?" if hint else f"; allowed: {', '.join(props)}"
-            errors.append(FieldError((key,), f"unknown field {key!r}{tail}", on_key=True))
+            errors.append(FieldError((key,), _unknown_field(key, list(props)), on_key=True))
             continue
         validate = _property_validator(schema_name, key, key in items_checked_elsewhere)
         try:

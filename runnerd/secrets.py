@@ -1,9 +1,16 @@
 """Keeping secret values out of what a run returns.
 
 A secret can leak in many spellings: as is, base64 (standard or URL-safe, at any byte
-alignment), URL-encoded, JSON-escaped, or one line of a multi-line value. ``Scrubber``
-knows every spelling of every secret of a run, replaces them in logs and errors with
-``[secret]``, and tells whether an output contains any of them.
+alignment), base32 (at any alignment), hex, URL-encoded, JSON-escaped, or one line of a
+multi-line value; a value of MIN_FOLDED_CHARS or more also reversed and in any letter
+case. ``Scrubber`` knows every spelling of every secret of a run, replaces them in logs
+and errors with ``[secret]``, and tells whether an output contains any of them. Matching
+runs on RE2 (one linear pass, whatever the number of spellings).
+
+What this cannot do: a tool holds its secrets, so its own code can always re-encode one
+in a way no list of spellings foresees (split, compressed, encrypted). Scrubbing protects
+against accidental exposure and the common encodings; egress grants limit where a tool
+can send anything (docs/SECURITY.md says so).
 
 Fragments shorter than MIN_SCRUB_CHARS are not looked for: scrubbing every "a" out of
 a log would destroy it, and a value that short is no secret.
@@ -13,57 +20,92 @@ from __future__ import annotations
 
 import base64
 import json
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 from urllib.parse import quote, quote_plus
 
-__all__ = ["MIN_SCRUB_CHARS", "REDACTED", "Scrubber"]
+import msgspec
+import re2
+
+__all__ = ["MIN_FOLDED_CHARS", "MIN_SCRUB_CHARS", "REDACTED", "Scrubber"]
 
 REDACTED = "[secret]"
 MIN_SCRUB_CHARS = 4  # runnerd: a shorter fragment would match ordinary text
+MIN_FOLDED_CHARS = 8  # runnerd: reversed and any-case copies of shorter values are common text
 
 
-def _base64_cores(value: bytes) -> set[str]:
-    """The base64 text of ``value`` wherever it starts in a longer base64 string.
-
-    Base64 encodes 3 bytes as 4 characters, so a value inside a longer string is
-    encoded one of three ways, depending on its offset. The characters that depend only
-    on the value itself are the same in every string holding it; those are returned.
-    """
+def _cores(value: bytes, encode: Callable[[bytes], bytes], bits: int, group: int) -> set[str]:
+    """The text of ``value`` in a base-2^bits encoding wherever it starts in a longer
+    string: the characters that depend on the value's own bits only, at each of the
+    ``group`` byte alignments it can have."""
     cores: set[str] = set()
-    for offset in range(3):
-        encoded = base64.b64encode(b"\0" * offset + value).decode()
-        head = (offset * 4 + 2) // 3  # characters that mix in the bytes before the value
-        end = len(b"\0" * offset + value)
-        tail_chars = ((end * 4) // 3) if end % 3 else len(encoded)  # stable up to here
-        core = encoded[head:tail_chars].rstrip("=")
+    for offset in range(group):
+        encoded = encode(b"\0" * offset + value).decode()
+        end = offset + len(value)
+        first = -(-8 * offset // bits)  # ceil: the first character of the value alone
+        last = (8 * end) // bits  # characters after this one mix in what follows
+        core = encoded[first:last].rstrip("=")
         if len(core) >= MIN_SCRUB_CHARS:
             cores.add(core)
-            cores.add(core.replace("+", "-").replace("/", "_"))
     return cores
 
 
-def _spellings(value: str) -> set[str]:
-    forms = {value, quote(value, safe=""), quote_plus(value), json.dumps(value)[1:-1]}
-    forms |= _base64_cores(value.encode())
+def _spellings(value: str) -> tuple[set[str], set[str]]:
+    """(spellings matched exactly, spellings matched in any case) of one value."""
+    raw = value.encode()
+    forms = {
+        value,
+        quote(value, safe=""),
+        quote_plus(value),
+        json.dumps(value)[1:-1],
+        msgspec.json.encode(value).decode()[1:-1],
+    }
+    b64 = _cores(raw, base64.b64encode, 6, 3)
+    forms |= b64 | {c.replace("+", "-").replace("/", "_") for c in b64}
     for line in value.splitlines():
         line = line.strip()
         if line:
             forms |= {line, json.dumps(line)[1:-1]}
+    folded: set[str] = set()
+    if len(value) >= MIN_FOLDED_CHARS:
+        folded = {value, value[::-1], raw.hex(), quote(value, safe="").lower()}
+        folded |= _cores(raw, base64.b32encode, 5, 5)
+    return _long_enough(forms), _long_enough(folded)
+
+
+def _long_enough(forms: set[str]) -> set[str]:
     return {f for f in forms if len(f) >= MIN_SCRUB_CHARS}
+
+
+def _options(longest: bool) -> Any:
+    options = re2.Options()
+    options.log_errors = False
+    options.longest_match = longest  # at each place, the longest spelling wins
+    options.max_mem = 64 << 20
+    return options
 
 
 class Scrubber:
     """Every spelling of the values in ``secrets`` (name -> value)."""
 
     def __init__(self, secrets: Mapping[str, str]) -> None:
-        self._names: dict[str, str] = {}
+        self._exact: dict[str, str] = {}
+        self._folded: dict[str, str] = {}
         for name, value in secrets.items():
-            for form in _spellings(value):
-                self._names.setdefault(form, name)
-        # Longest first, so a whole value is replaced before any of its lines.
-        forms = sorted(self._names, key=len, reverse=True)
-        self._pattern = re.compile("|".join(map(re.escape, forms))) if forms else None
+            exact, folded = _spellings(value)
+            for form in exact:
+                self._exact.setdefault(form, name)
+            for form in folded:
+                self._folded.setdefault(form.casefold(), name)
+        alternatives = [re2.escape(f) for f in self._exact]
+        if self._folded:
+            alternatives.append("(?i:" + "|".join(map(re2.escape, self._folded)) + ")")
+        self._pattern = (
+            re2.compile("|".join(alternatives), _options(True)) if alternatives else None
+        )
+        # The longest spelling, in bytes: a log kept this much past its cap can be
+        # scrubbed before it is cut, so no secret straddles the cut.
+        self.longest = max((len(f.encode()) for f in [*self._exact, *self._folded]), default=0)
 
     def scrub(self, text: str) -> str:
         """``text`` with every spelling of every secret replaced by [secret]."""
@@ -73,4 +115,8 @@ class Scrubber:
         """The names of the secrets ``text`` contains, in any spelling (sorted)."""
         if self._pattern is None:
             return []
-        return sorted({self._names[m.group(0)] for m in self._pattern.finditer(text)})
+        return sorted({self._name(m.group(0)) for m in self._pattern.finditer(text)})
+
+    def _name(self, found: str) -> str:
+        # RE2's case folding and Python's can differ on rare letters: then say "a secret".
+        return self._exact.get(found) or self._folded.get(found.casefold()) or "a secret"

@@ -31,6 +31,7 @@ from runnerd.api.wire import (
     VersionInfo,
 )
 from runnerd.apps import check_upload
+from runnerd.bundle import Bundle
 from runnerd.constants import (
     MAX_MANIFEST_BYTES,
     MAX_SOURCE_BYTES,
@@ -110,17 +111,19 @@ async def deploy(request: Request, state: AppState) -> Response:
     caller = caller_of(request, state, "apps:write")
     caller.member(state.store, workspace_id, role="builder")
     body = await read_body(request, DeployBody, DEPLOY_LIMIT)
-    try:
-        files = {path: base64.b64decode(data, validate=True) for path, data in body.files.items()}
-    except (binascii.Error, ValueError):
-        raise ApiError(
-            "BAD_REQUEST", "every file must be base64", details={"code": "INVALID_BODY"}
-        ) from None
     engine = state.engine
-    # Compiling, checking and building package envs is slow work: off the event loop.
-    bundle = await asyncio.to_thread(
-        check_upload, files, toolchain=engine.toolchain, envs=engine.envs
-    )
+
+    def check() -> Bundle:
+        try:
+            files = {p: base64.b64decode(data, validate=True) for p, data in body.files.items()}
+        except (binascii.Error, ValueError):
+            raise ApiError(
+                "BAD_REQUEST", "every file must be base64", details={"code": "INVALID_BODY"}
+            ) from None
+        return check_upload(files, toolchain=engine.toolchain, envs=engine.envs)
+
+    # Decoding, compiling, checking and building package envs: off the event loop.
+    bundle = await asyncio.to_thread(check)
     existing = state.store.get_app(bundle.manifest.slug)
     if existing is not None:
         _owned_app(state.store, existing.slug, workspace_id)

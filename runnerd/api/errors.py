@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from runnerd.calls import ApprovalUnavailable, IdempotencyConflict, RunQueueFull, ToolNotFound
 from runnerd.errors import BudgetExhausted, BundleRejected, VersionExists
-from runnerd.runs import InputRejected
+from runnerd.runs import InputRejected, ToolUnusable
 from runnerd.sandbox import SandboxUnavailable
 from runnerd.vault import VaultError
 
@@ -99,6 +99,8 @@ def from_domain(exc: Exception) -> ApiError | None:
         return ApiError(
             "FORBIDDEN", str(exc), details={"code": "budget_exhausted", "resetsAt": exc.resets_at}
         )
+    if isinstance(exc, ToolUnusable):
+        return ApiError("CONFLICT", str(exc), details={"code": "TOOL_UNUSABLE"})
     if isinstance(exc, ToolNotFound):
         return ApiError("NOT_FOUND", str(exc), details={"code": "TOOL_NOT_FOUND"})
     if isinstance(exc, IdempotencyConflict):

@@ -6,6 +6,7 @@ the served API and its description cannot drift apart.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from runnerd.api.errors import ApiError
+from runnerd.constants import MAX_JSON_DEPTH
+from runnerd.nesting import nesting_over
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState
@@ -70,8 +73,16 @@ def json_response(value: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(value), status_code=status, media_type="application/json")
 
 
-async def read_body(request: Request, kind: type[Any], limit: int) -> Any:
-    """The request body decoded as ``kind``; 400 when too large or not that shape."""
+# Bodies larger than this are decoded in a worker thread, off the event loop.
+_DECODE_INLINE_BYTES = 256 * 1024
+
+
+async def read_body(
+    request: Request, kind: type[Any], limit: int, *, nesting_reason: str = "INVALID_BODY"
+) -> Any:
+    """The request body decoded as ``kind``; 400 when too large, nested deeper than
+    MAX_JSON_DEPTH inside its top-level object (checked before decoding, with
+    ``nesting_reason`` as details.code), or not that shape."""
     data = bytearray()
     async for chunk in request.stream():
         data += chunk
@@ -81,8 +92,22 @@ async def read_body(request: Request, kind: type[Any], limit: int) -> Any:
                 f"request body is larger than {limit:,} bytes",
                 details={"code": "BODY_TOO_LARGE"},
             )
+    raw = bytes(data)
+    if len(raw) <= _DECODE_INLINE_BYTES:
+        return _decode(raw, kind, nesting_reason)
+    return await asyncio.to_thread(_decode, raw, kind, nesting_reason)
+
+
+def _decode(raw: bytes, kind: type[Any], nesting_reason: str) -> Any:
+    if nesting_over(raw, MAX_JSON_DEPTH + 1) is not None:
+        what = "input" if nesting_reason == "INVALID_INPUT" else "request body"
+        raise ApiError(
+            "BAD_REQUEST",
+            f"{what} is nested deeper than {MAX_JSON_DEPTH} levels, the limit",
+            details={"code": nesting_reason},
+        )
     try:
-        return msgspec.json.decode(bytes(data), type=kind)
+        return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
         raise ApiError(
             "BAD_REQUEST", f"invalid request body: {exc}", details={"code": "INVALID_BODY"}

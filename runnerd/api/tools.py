@@ -172,7 +172,7 @@ async def run_tool(request: Request, state: AppState) -> Response:
         and state.store.membership(install.workspace_id, caller.user_id) is None
     ):
         raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
-    body = await read_body(request, RunBody, RUN_BODY_LIMIT)
+    body = await read_body(request, RunBody, RUN_BODY_LIMIT, nesting_reason="INVALID_INPUT")
     return await _run(request, state, caller, install, request.path_params["toolName"], body)
 
 
@@ -188,7 +188,7 @@ async def run_by_reference(request: Request, state: AppState) -> Response:
             "The workspace has no install of this app",
             details={"code": "INSTALL_NOT_FOUND"},
         )
-    body = await read_body(request, RunBody, RUN_BODY_LIMIT)
+    body = await read_body(request, RunBody, RUN_BODY_LIMIT, nesting_reason="INVALID_INPUT")
     return await _run(request, state, caller, install, request.path_params["toolName"], body)
 
 

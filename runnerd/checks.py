@@ -1,0 +1,157 @@
+"""Checks of inputs and outputs, off the event loop and within a time budget.
+
+A check (JSON decoding, nesting, size, a tool's schema, a search for secrets) is CPU work
+whose cost the caller or the tool chooses. Run on the event loop, one slow check would
+stall every request; so each runs in one of a few checker threads, and the loop only
+waits for its answer. A check that outlives its budget is abandoned with CheckTimedOut,
+and its thread is interrupted (an exception raised into it between two bytecodes), so a
+hostile value holds a checker for at most its budget. Every step a check takes is linear
+in its input (patterns on RE2, uniqueItems hashed, nesting capped), so a check that
+returns to Python soon after its budget is the worst case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from runnerd.schemas import compile_schema
+
+__all__ = ["CheckTimedOut", "Checker", "Validators"]
+
+T = TypeVar("T")
+
+_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+_set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+
+
+class CheckTimedOut(Exception):
+    """A check took longer than its budget and was abandoned."""
+
+
+class _Interrupt(BaseException):
+    """Raised into a checker thread whose check ran out of time. A BaseException, so no
+    ``except Exception`` in a validator can swallow it."""
+
+
+class _Job:
+    """One check: the function, where its answer goes, and who is running it."""
+
+    def __init__(self, fn: Callable[[], Any], loop: asyncio.AbstractEventLoop) -> None:
+        self.fn = fn
+        self.loop = loop
+        self.answer: asyncio.Future[Any] = loop.create_future()
+        self.lock = threading.Lock()
+        self.thread: int | None = None
+        self.abandoned = False
+
+    def run(self) -> None:
+        with self.lock:
+            if self.abandoned:
+                return
+            self.thread = threading.get_ident()
+        outcome: tuple[bool, Any]
+        try:
+            outcome = (True, self.fn())
+        except _Interrupt:
+            return
+        except BaseException as exc:
+            outcome = (False, exc)
+        finally:
+            with self.lock:
+                self.thread = None
+                if self.abandoned:  # an interrupt may still be pending: drop it
+                    _set_async_exc(threading.get_ident(), None)
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for this
+            self.loop.call_soon_threadsafe(self._settle, outcome)
+
+    def _settle(self, outcome: tuple[bool, Any]) -> None:
+        if self.answer.done():
+            return
+        ok, value = outcome
+        if ok:
+            self.answer.set_result(value)
+        else:
+            self.answer.set_exception(value)
+
+    def abandon(self) -> None:
+        with self.lock:
+            self.abandoned = True
+            if self.thread is not None:
+                _set_async_exc(self.thread, _Interrupt)
+
+
+class Checker:
+    """``workers`` daemon threads that run checks, each within ``budget_s``."""
+
+    def __init__(self, *, workers: int = 2, budget_s: float = 2.0) -> None:
+        self.budget_s = budget_s
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"runnerd-check-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _work(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get()
+                if job is None:
+                    return
+                job.run()
+            except _Interrupt:
+                continue  # delivered after its check ended; that check is answered already
+
+    async def run(self, fn: Callable[[], T], *, budget_s: float | None = None) -> T:
+        """``fn()`` in a checker thread; CheckTimedOut when it outlives the budget (counted
+        from now, so a wait for a free checker counts too). Raises what ``fn`` raises."""
+        job = _Job(fn, asyncio.get_running_loop())
+        self._jobs.put(job)
+        try:
+            return await asyncio.wait_for(
+                asyncio.shield(job.answer), self.budget_s if budget_s is None else budget_s
+            )
+        except TimeoutError:
+            job.abandon()
+            raise CheckTimedOut(
+                f"took longer than its budget of {self.budget_s * 1000:.0f} ms"
+            ) from None
+        except asyncio.CancelledError:
+            job.abandon()
+            raise
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+
+
+class Validators:
+    """Compiled schema validators per (tool key, input|output), LRU-bounded; safe to use
+    from several checker threads."""
+
+    def __init__(self, capacity: int = 2048) -> None:
+        self.capacity = capacity
+        self._cache: OrderedDict[tuple[str, str], Callable[[Any], Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str, which: str, schema: dict[str, Any]) -> Callable[[Any], Any]:
+        slot = (key, which)
+        with self._lock:
+            found = self._cache.get(slot)
+            if found is not None:
+                self._cache.move_to_end(slot)
+                return found
+        compiled = compile_schema(schema)  # outside the lock: compiling takes a while
+        with self._lock:
+            self._cache[slot] = compiled
+            if len(self._cache) > self.capacity:
+                self._cache.popitem(last=False)
+        return compiled
