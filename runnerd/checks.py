@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import logging
 import queue
 import threading
 from collections import OrderedDict
@@ -26,9 +27,14 @@ from runnerd.schemas import compile_schema
 __all__ = ["CheckTimedOut", "Checker", "Validators"]
 
 T = TypeVar("T")
+log = logging.getLogger("runnerd")
 
-_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-_set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+
+def _set_async_exc(thread: int, exc: type[BaseException] | None) -> None:
+    """Raise ``exc`` in ``thread`` at its next bytecode; None clears a pending one."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread), None if exc is None else ctypes.py_object(exc)
+    )
 
 
 class CheckTimedOut(Exception):
@@ -109,16 +115,16 @@ class Checker:
                 job.run()
             except _Interrupt:
                 continue  # delivered after its check ended; that check is answered already
+            except Exception as exc:  # a checker thread must never die; its check is lost
+                log.error("check thread: unexpected %s", type(exc).__name__)
 
-    async def run(self, fn: Callable[[], T], *, budget_s: float | None = None) -> T:
+    async def run(self, fn: Callable[[], T]) -> T:
         """``fn()`` in a checker thread; CheckTimedOut when it outlives the budget (counted
         from now, so a wait for a free checker counts too). Raises what ``fn`` raises."""
         job = _Job(fn, asyncio.get_running_loop())
         self._jobs.put(job)
         try:
-            return await asyncio.wait_for(
-                asyncio.shield(job.answer), self.budget_s if budget_s is None else budget_s
-            )
+            return await asyncio.wait_for(asyncio.shield(job.answer), self.budget_s)
         except TimeoutError:
             job.abandon()
             raise CheckTimedOut(

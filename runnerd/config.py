@@ -73,6 +73,10 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     idempotency_ttl_s: int = 86_400
     # Outputs kept in memory (never on disk) for GET /runs/{id} and idempotent replays.
     result_cache_mb: int = 64
+    # Time budget of one check of an input or an output (size, nesting, schema, secrets),
+    # run off the event loop; a check past it is abandoned and the call refused (input)
+    # or the run failed (output).
+    check_budget_ms: int = 2_000
 
     @property
     def secrets_key_path(self) -> Path:

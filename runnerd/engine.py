@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runnerd.cgroups import Cgroups, setup_cgroups
+from runnerd.checks import Checker
 from runnerd.config import Settings
 from runnerd.envs import EnvManager
 from runnerd.runs import Runner
@@ -73,7 +74,9 @@ def build_engine(settings: Settings, *, warm: int = 0) -> Engine:
         warm=warm,
     )
     envs = EnvManager(mounts / "envs", sandbox=sandbox, settings=settings)
-    runner = Runner(sandbox=sandbox, envs=envs)
+    runner = Runner(
+        sandbox=sandbox, envs=envs, checker=Checker(budget_s=settings.check_budget_ms / 1000)
+    )
     toolchain = Toolchain(settings.toolchain_path, runtimes.node)
     engine = Engine(settings, runtimes, cgroups, sandbox, envs, runner, toolchain)
     if note:

@@ -210,7 +210,7 @@ class EnvManager:
         }
         if language == "python":
             assert rt.python is not None
-            mounts += rt.python.mounts
+            mounts += rt.python.build_mounts
             uv = self._uv_binary()
             mounts.append(f"{uv}:/opt/runnerd/uv")
             inner = [
@@ -231,7 +231,7 @@ class EnvManager:
             inner += list(packages)
         else:
             assert rt.node is not None
-            mounts += rt.node.mounts
+            mounts += rt.node.build_mounts
             npm_cli = self._npm_cli()
             npm_root = npm_cli.parent.parent
             if not any(str(npm_root).startswith(m.rstrip("/") + "/") for m in mounts):

@@ -23,8 +23,17 @@ from runnerd.constants import MIN_NODE_MAJOR
 __all__ = ["NodeRuntime", "PythonRuntime", "Runtimes", "clean_env", "find_node", "find_python"]
 
 CLEAN_PATH = "/usr/local/bin:/usr/bin:/bin"
-# System library folders every dynamically linked interpreter needs (those that exist).
+# System library folders, whole: what package builders mount (they run uv and npm, not
+# tools). A tool's jail mounts only the libraries its interpreter links (see below).
 _SYSTEM_LIBS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/etc/ld.so.cache")
+# The system libraries a binary wheel or a prebuilt npm addon may link (the manylinux
+# policy: everything else ships inside the package). Mounted for every tool, with what
+# they link, so packages with native code load.
+_WHEEL_LIBRARIES = (
+    "libc.so.6", "libm.so.6", "libdl.so.2", "librt.so.1", "libpthread.so.0",
+    "libresolv.so.2", "libutil.so.1", "libcrypt.so.1", "libnsl.so.1", "libnsl.so.2",
+    "libgcc_s.so.1", "libstdc++.so.6", "libz.so.1",
+)  # fmt: skip
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -45,8 +54,60 @@ def world_readable(path: Path) -> bool:
     return bool(mode & (stat.S_IXOTH if path.is_dir() else stat.S_IROTH))
 
 
-def _system_mounts() -> list[str]:
+def system_mounts() -> list[str]:
+    """The system library folders that exist (for package builders)."""
     return [p for p in _SYSTEM_LIBS if os.path.exists(p)]
+
+
+def shared_libraries(files: list[str]) -> list[str] | None:
+    """Bind mounts (``real:path``) of every shared library ``files`` link, transitively,
+    at the path the dynamic loader opens (the ELF interpreter included). None when ldd
+    cannot tell. Only ever asked about the host's own interpreters and their modules:
+    ldd may run what it inspects, so it never sees a package's files."""
+    ldd = shutil.which("ldd", path=CLEAN_PATH)
+    if ldd is None or not files:
+        return None
+    try:
+        proc = subprocess.run(
+            [ldd, *files], capture_output=True, text=True, timeout=60, env=clean_env()
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found: dict[str, str] = {}
+    for line in proc.stdout.splitlines():
+        line = line.strip()
+        if line.endswith(":") or " (" not in line:
+            continue  # a file's header, or "not a dynamic executable"
+        _, arrow, rest = line.partition(" => ")
+        path = (rest if arrow else line).split(" (", 1)[0].strip()
+        if path.startswith("/") and os.path.exists(path):
+            found.setdefault(path, os.path.realpath(path))
+    return [f"{real}:{path}" for path, real in sorted(found.items())]
+
+
+def _jail_mounts(binary: str, folders: list[str], modules: list[str]) -> tuple[str, ...]:
+    """What a tool's jail mounts for a runtime: the binary, its library folders, and
+    the shared libraries the binary, its native ``modules`` and the wheel libraries
+    link, each file alone. Falls back to the whole system library folders (with the
+    same binary and folders) when the libraries cannot be resolved."""
+    own = shared_libraries([binary, *modules])
+    if own is None:
+        return _outermost({binary, *folders, *system_mounts()})
+    # The wheel libraries, from the folders the binary's own libraries come from (so of
+    # its architecture), then everything all of them link.
+    folders_of_libraries = {os.path.dirname(m.split(":", 1)[1]) for m in own}
+    wheel = [
+        path
+        for name in _WHEEL_LIBRARIES
+        for folder in sorted(folders_of_libraries)
+        if os.path.exists(path := os.path.join(folder, name))
+    ]
+    linked = shared_libraries([binary, *modules, *wheel]) or own
+    # ldd lists what a file links, not the file: the wheel libraries are added as such.
+    libraries = {m.split(":", 1)[1]: m for m in linked}
+    for path in wheel:
+        libraries.setdefault(path, f"{os.path.realpath(path)}:{path}")
+    return (*_outermost({binary, *folders}), *(libraries[p] for p in sorted(libraries)))
 
 
 def _outermost(paths: set[str]) -> tuple[str, ...]:
@@ -59,7 +120,9 @@ def _outermost(paths: set[str]) -> tuple[str, ...]:
 class PythonRuntime:
     executable: str  # real path of the interpreter binary
     version: str  # such as "3.11.2"
-    mounts: tuple[str, ...] = field(default=())  # read-only inside the jail, same paths
+    # Read-only in a tool's jail: "path" or "real:path" (binary, stdlib, libraries).
+    mounts: tuple[str, ...] = field(default=())
+    build_mounts: tuple[str, ...] = field(default=())  # what package builders mount
 
     @property
     def tag(self) -> str:
@@ -73,6 +136,7 @@ class NodeRuntime:
     path: str  # real path of the node binary
     version: str  # such as "20.20.2"
     mounts: tuple[str, ...] = field(default=())
+    build_mounts: tuple[str, ...] = field(default=())
 
     @property
     def major(self) -> int:
@@ -114,8 +178,14 @@ def _probe_python(candidate: str) -> PythonRuntime | None:
     except (OSError, subprocess.TimeoutExpired, ValueError):
         return None
     exe = os.path.realpath(found)
-    mounts = {exe, info["stdlib"], info["platstdlib"], *_system_mounts()}
-    return PythonRuntime(executable=exe, version=info["version"], mounts=_outermost(mounts))
+    folders = sorted({info["stdlib"], info["platstdlib"]})
+    modules = sorted(str(p) for folder in folders for p in Path(folder).glob("lib-dynload/*.so"))
+    return PythonRuntime(
+        executable=exe,
+        version=info["version"],
+        mounts=_jail_mounts(exe, folders, modules),
+        build_mounts=_outermost({exe, *folders, *system_mounts()}),
+    )
 
 
 def find_python(configured: str | None = None) -> tuple[PythonRuntime | None, list[str]]:
@@ -134,7 +204,7 @@ def find_python(configured: str | None = None) -> tuple[PythonRuntime | None, li
         if tuple(int(x) for x in runtime.version.split(".")[:2]) < (3, 9):
             notes.append(f"python: {candidate} is {runtime.version}; tools need 3.9 or newer")
             continue
-        hidden = [m for m in runtime.mounts if not world_readable(Path(m))]
+        hidden = [m for m in runtime.mounts if not world_readable(Path(m.split(":", 1)[0]))]
         if hidden:
             notes.append(
                 f"python: not using {candidate} for tools: sandboxes cannot mount it "
@@ -163,8 +233,12 @@ def find_node(configured: str | None = None) -> NodeRuntime | None:
     if match is None:
         return None
     real = os.path.realpath(found)
-    mounts = _outermost({real, *_system_mounts()})
-    runtime = NodeRuntime(path=real, version=match.group(1), mounts=mounts)
+    runtime = NodeRuntime(
+        path=real,
+        version=match.group(1),
+        mounts=_jail_mounts(real, [], []),
+        build_mounts=_outermost({real, *system_mounts()}),
+    )
     return runtime if runtime.major >= MIN_NODE_MAJOR else None
 
 

@@ -228,6 +228,10 @@ class Sandbox:
         self.limits = limits or Limits()
         self.warm = warm  # jails kept waiting per kind; 0 = start each jail on demand
         self._dir = resource_dir("sandbox")
+        # /tmp is the one writable place: noexec (no dropped binary or .so runs from it),
+        # nosuid, nodev. The nsjail command line cannot say those flags; a config can.
+        self._jail_config = uids.lock_dir.parent / "jail-tmp.cfg"
+        _write_atomic(self._jail_config, _tmp_mount(self.limits.tmp_mb))
         self._ready: dict[JailKind, deque[_Jail]] = {}
         self._filling: set[JailKind] = set()
         self._tasks: set[asyncio.Future[None]] = set()
@@ -249,7 +253,9 @@ class Sandbox:
         else:
             address_space = "inf"  # V8 reserves a large virtual cage; cgroups cap Node
         argv = [
-            self.nsjail, "--mode", "o", "--quiet", "--log_fd", str(log_fd),
+            # First: a config resets what came before it on the command line.
+            self.nsjail, "--config", str(self._jail_config),
+            "--mode", "o", "--quiet", "--log_fd", str(log_fd),
             "--hostname", "runnerd", "--cwd", "/tmp",
             "--user", f"{INSIDE_ID}:{uid}:1", "--group", f"{INSIDE_ID}:{uid}:1",
             "--time_limit", str(wall_s + 2),  # backstop; runnerd's own deadline comes first
@@ -275,7 +281,6 @@ class Sandbox:
         argv += [
             "--bindmount", "/dev/null",
             "--bindmount_ro", "/dev/urandom",
-            "--mount", f"none:/tmp:tmpfs:size={lim.tmp_mb * 1024 * 1024},mode=1777",
             "--pass_fd", str(result_fd),
             "--env", "PATH=/usr/local/bin:/usr/bin:/bin",
             "--env", "HOME=/tmp",
@@ -495,6 +500,31 @@ class Sandbox:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+
+
+def _tmp_mount(tmp_mb: int) -> str:
+    """An nsjail config (protobuf text) with the jail's /tmp: a fresh tmpfs."""
+    return (
+        "mount {\n"
+        '  dst: "/tmp"\n'
+        '  fstype: "tmpfs"\n'
+        f'  options: "size={tmp_mb * 1024 * 1024},mode=1777"\n'
+        "  rw: true\n"
+        "  is_bind: false\n"
+        "  noexec: true\n"
+        "  nosuid: true\n"
+        "  nodev: true\n"
+        "}\n"
+    )
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.is_file() and path.read_text() == text:
+        return
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.write_text(text)
+    staging.replace(path)
 
 
 def runtime_path(runtimes: Runtimes, kind: str) -> str:

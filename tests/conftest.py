@@ -164,3 +164,16 @@ def make_tool(
 
 def run_tool(engine: Engine, tool: Tool, value: Any = None, **kw: Any) -> RunResult:
     return asyncio.run(engine.runner.run(tool, {} if value is None else value, **kw))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The slowest /healthz answer seen while the hostile tests attacked a daemon."""
+    from daemon import WORST_HEALTH_MS
+
+    if WORST_HEALTH_MS:
+        worst = max(ms for ms, _ in WORST_HEALTH_MS)
+        probes = sum(n for _, n in WORST_HEALTH_MS)
+        terminalreporter.write_line(
+            f"/healthz during {len(WORST_HEALTH_MS)} attacks: {probes} probes, "
+            f"slowest {worst:.1f} ms"
+        )

@@ -215,3 +215,50 @@ def running_daemon(toolchain_dir: Path, **settings: str) -> Iterator[Daemon]:
         log.close()
         daemon.http.close()
         shutil.rmtree(data, ignore_errors=True)
+
+
+_PROBE = r"""
+import http.client, json, sys, threading, time
+conn = http.client.HTTPConnection('127.0.0.1', int(sys.argv[1]), timeout=30)
+worst, count, stop = 0.0, 0, threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+print('ready', flush=True)
+while not stop.is_set():
+    started = time.perf_counter()
+    conn.request('GET', '/healthz')
+    conn.getresponse().read()
+    worst = max(worst, (time.perf_counter() - started) * 1000)
+    count += 1
+    time.sleep(0.005)
+print(json.dumps({'worstMs': worst, 'probes': count}), flush=True)
+"""
+
+
+class HealthProbe:
+    """GET /healthz every 5 ms from a process of its own (the test process is busy
+    attacking), over one keep-alive connection; ``worst_ms`` is the slowest answer."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _PROBE, str(daemon.port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline().strip() == "ready"
+        self.worst_ms = 0.0
+        self.probes = 0
+
+    def __enter__(self) -> HealthProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        out, _ = self.proc.communicate("", timeout=60)
+        found = json.loads(out.strip().splitlines()[-1])
+        self.worst_ms, self.probes = found["worstMs"], found["probes"]
+        WORST_HEALTH_MS.append((self.worst_ms, self.probes))
+
+
+# Every probe's worst answer in this test session (the closing note reports the worst).
+WORST_HEALTH_MS: list[tuple[float, int]] = []

@@ -4,8 +4,12 @@ must still succeed. docs/SECURITY.md has the table of these cases and what stops
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +22,8 @@ from runnerd.engine import Engine
 from runnerd.runs import RunResult
 
 ORDINARY = "def run(i):\n    return {'ok': True}\n"
+RUNNERD = str(Path(sys.executable).with_name("runnerd"))
+OPEN = {"type": "object"}
 
 # Calls a syscall through libc and reports errno; the jail has no compiler or shell.
 SYSCALL = """
@@ -227,10 +233,19 @@ def run(i):
 
 def test_no_route_to_any_outside_address(engine: Engine) -> None:
     # A UDP connect() only looks the route up; it sends nothing, jailed or not.
+    # Interfaces by index (SIOCGIFNAME): if_nameindex() needs netlink, which is denied.
     source = """
-import socket
+import fcntl, socket, struct
 def run(i):
-    out = {'interfaces': [n for _, n in socket.if_nameindex()]}
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    names = []
+    for index in range(1, 256):
+        try:
+            reply = fcntl.ioctl(probe, 0x8910, struct.pack('16si20x', b'', index))
+        except OSError:
+            continue
+        names.append(reply[:16].rstrip(b'\\0').decode())
+    out = {'interfaces': names}
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         s.connect(('192.0.2.1', 53))
@@ -256,7 +271,8 @@ def run(i):
             out[name] = type(e).__name__
     return out
 """
-    assert report(engine, source) == {"raw": "PermissionError", "packet": "PermissionError"}
+    # AF_PACKET is denied by seccomp before capabilities are checked: EAFNOSUPPORT.
+    assert report(engine, source) == {"raw": "PermissionError", "packet": "OSError"}
 
 
 # --- processes --------------------------------------------------------------------------------
@@ -602,3 +618,239 @@ export async function run(i) {
     finally:
         server.close()
     assert out == {"reached": False, "cause": "ECONNREFUSED"}
+
+
+# --- through `runnerd tool test`: socket families, syscalls, what the jail sees --------------
+
+
+def tool_test(engine: Engine, tmp_path: Path, source: str, ext: str = ".py") -> dict[str, Any]:
+    """Run ``source`` as a tool with `runnerd tool test --json` (the real CLI and jail);
+    its output, which the tool returns on success."""
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))
+    (tmp_path / "probe.tool.yaml").write_text(
+        json.dumps({"name": "probe", "description": "probe", "input": OPEN, "output": OPEN})
+    )
+    (tmp_path / f"probe{ext}").write_text(source)
+    env = {
+        **os.environ,
+        "RUNNERD_TOOLCHAIN_DIR": str(engine.settings.toolchain_path),
+        "RUNNERD_DATA_DIR": str(engine.settings.data_dir),
+        "RUNNERD_SANDBOX_UID_BASE": str(engine.settings.sandbox_uid_base),
+        "RUNNERD_SANDBOX_UID_COUNT": str(engine.settings.sandbox_uid_count),
+    }
+    proc = subprocess.run(
+        [RUNNERD, "tool", "test", str(tmp_path / "probe.tool.yaml"), "--input", "{}", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    result = json.loads(proc.stdout)
+    assert result["status"] == "succeeded", result["error"]
+    output: dict[str, Any] = result["output"]
+    return output
+
+
+SOCKETS = (
+    SYSCALL
+    + """
+libc.syscall.restype = ctypes.c_long
+def run(i):
+    out = {}
+    for name, family, kind in [('unix', 1, 1), ('inet', 2, 1), ('inet6', 10, 1), ('key', 15, 3),
+                               ('netlink', 16, 3), ('packet', 17, 3), ('rds', 21, 5),
+                               ('can', 29, 3), ('tipc', 30, 5), ('bluetooth', 31, 1),
+                               ('alg', 38, 5), ('vsock', 40, 1), ('qipcrtr', 42, 2),
+                               ('xdp', 44, 3), ('unix_high_bits', 1 + (1 << 32), 1)]:
+        fd = libc.syscall(41, ctypes.c_long(family), kind, 0)   # socket()
+        out[name] = 'opened' if fd >= 0 else ctypes.get_errno()
+    pair = (ctypes.c_int * 2)()
+    for name, family in [('pair_unix', 1), ('pair_inet', 2), ('pair_netlink', 16)]:
+        rc = libc.syscall(53, family, 1, 0, pair)   # socketpair()
+        out[name] = 'opened' if rc == 0 else ctypes.get_errno()
+    return out
+"""
+)
+
+
+def test_only_unix_and_inet_sockets_can_be_created(engine: Engine, tmp_path: Path) -> None:
+    out = tool_test(engine, tmp_path, SOCKETS)
+    eafnosupport = 97
+    assert out == {
+        "unix": "opened",
+        "inet": "opened",
+        "inet6": "opened",
+        **{
+            name: eafnosupport
+            for name in (
+                "key",
+                "netlink",
+                "packet",
+                "rds",
+                "can",
+                "tipc",
+                "bluetooth",
+                "alg",
+                "vsock",
+                "qipcrtr",
+                "xdp",
+                "unix_high_bits",
+            )
+        },
+        "pair_unix": "opened",
+        "pair_inet": eafnosupport,
+        "pair_netlink": eafnosupport,
+    }
+
+
+EXOTIC = (
+    SYSCALL
+    + """
+libc.syscall.restype = ctypes.c_long
+def run(i):
+    out = {}
+    memfd = libc.syscall(319, b'x', 0)   # memfd_create
+    exe = open('/proc/self/exe', 'rb').read() if os.path.exists('/proc') else b'\\x7fELF'
+    os.write(memfd, exe)
+    calls = {
+        'pidfd_getfd': (438, 0, 0, 0),
+        'modify_ldt': (154, 1, 0, 0),
+        'execveat_memfd': (322, memfd, b'', None, None, 0x1000),   # AT_EMPTY_PATH
+        'personality_read_implies_exec': (135, 0x0400000),
+        'personality_no_randomize': (135, 0x0040000),
+    }
+    for name, args in calls.items():
+        rc = libc.syscall(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+        out[name] = rc if rc >= 0 else -ctypes.get_errno()
+    out['personality_query'] = libc.syscall(135, ctypes.c_long(0xffffffff))
+    return out
+"""
+)
+
+
+def test_pidfd_getfd_modify_ldt_execveat_and_personas_are_refused(
+    engine: Engine, tmp_path: Path
+) -> None:
+    eperm = -1
+    assert tool_test(engine, tmp_path, EXOTIC) == {
+        "pidfd_getfd": eperm,
+        "modify_ldt": eperm,
+        "execveat_memfd": eperm,
+        "personality_read_implies_exec": eperm,
+        "personality_no_randomize": eperm,
+        "personality_query": 0,  # the default persona, unchanged
+    }
+
+
+WALK_PY = """
+import os, stat
+def run(i):
+    seen, special = [], []
+    for root, dirs, files in os.walk('/'):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            seen.append(path)
+            mode = os.lstat(path).st_mode
+            if mode & (stat.S_ISUID | stat.S_ISGID):
+                special.append(path)
+    return {'paths': sorted(seen), 'setid': special}
+"""
+
+WALK_JS = """
+import { readdirSync, lstatSync } from 'node:fs'
+export function run() {
+  const paths = [], setid = []
+  const walk = (dir) => {
+    for (const entry of readdirSync(dir, { withFileTypes: true })) {
+      const path = (dir === '/' ? '' : dir) + '/' + entry.name
+      paths.push(path)
+      if (lstatSync(path).mode & 0o6000) setid.push(path)
+      if (entry.isDirectory()) walk(path)
+    }
+  }
+  walk('/')
+  return { paths: paths.sort(), setid }
+}
+"""
+
+
+def _expected_view(mounts: tuple[str, ...], extra: list[str]) -> set[str]:
+    """Every path a jail with these bind mounts shows: each mount's own tree at its
+    place, the ``extra`` paths (devices, the harness, files the jail made), and the
+    folders that lead to each."""
+    found: set[str] = set()
+    for spec in [*mounts, *extra]:
+        source, _, target = spec.partition(":")
+        target = target or source
+        found.add(target)
+        parent = os.path.dirname(target)
+        while parent != "/":
+            found.add(parent)
+            parent = os.path.dirname(parent)
+        if spec in mounts and os.path.isdir(source) and not os.path.islink(source):
+            for root, dirs, files in os.walk(source):
+                for name in dirs + files:
+                    found.add(
+                        os.path.join(target, os.path.relpath(os.path.join(root, name), source))
+                    )
+    return found
+
+
+JAIL_DEVICES = ["/dev/null", "/dev/urandom", "/tmp"]
+
+
+def test_the_python_jail_shows_exactly_its_runtime(engine: Engine, tmp_path: Path) -> None:
+    runtime = engine.runtimes.python
+    assert runtime is not None
+    out = tool_test(engine, tmp_path, WALK_PY)
+    expected = _expected_view(runtime.mounts, [*JAIL_DEVICES, "/sandbox/harness_py.py"])
+    assert set(out["paths"]) == expected
+    assert not any(p.startswith("/usr/lib/x86_64-linux-gnu/perl") for p in out["paths"])
+    assert out["setid"] == []
+
+
+def test_the_node_jail_shows_exactly_its_runtime(engine: Engine, tmp_path: Path) -> None:
+    runtime = engine.runtimes.node
+    assert runtime is not None
+    out = tool_test(engine, tmp_path, WALK_JS, ext=".mjs")
+    expected = _expected_view(
+        runtime.mounts,
+        [*JAIL_DEVICES, "/sandbox/harness_js.mjs", "/tmp/.tool/probe.mjs"],
+    )
+    assert set(out["paths"]) == expected
+    assert out["setid"] == []
+
+
+NOEXEC_PY = """
+import ctypes, os, shutil, sys
+def run(i):
+    out = {}
+    shutil.copy(sys.executable, '/tmp/py')
+    os.chmod('/tmp/py', 0o755)
+    try:
+        os.execv('/tmp/py', ['/tmp/py', '-c', 'pass'])
+    except OSError as e:
+        out['exec'] = e.errno
+    shutil.copy('/lib/x86_64-linux-gnu/libz.so.1', '/tmp/z.so')
+    try:
+        ctypes.CDLL('/tmp/z.so')
+        out['dlopen'] = 'loaded'
+    except OSError as e:
+        out['dlopen'] = 'failed to map segment' in str(e)
+    return out
+"""
+
+NOEXEC_JS = """
+import { writeFileSync } from 'node:fs'
+import { execFileSync } from 'node:child_process'
+export function run() {
+  writeFileSync('/tmp/run.mjs', `#!${process.execPath}\n`, { mode: 0o755 })
+  try { execFileSync('/tmp/run.mjs'); return { exec: 'ran' } }
+  catch (e) { return { exec: e.code } }
+}
+"""
+
+
+def test_nothing_written_to_tmp_can_be_executed_or_loaded(engine: Engine, tmp_path: Path) -> None:
+    assert tool_test(engine, tmp_path, NOEXEC_PY) == {"exec": 13, "dlopen": True}  # EACCES
+    assert tool_test(engine, tmp_path, NOEXEC_JS, ext=".mjs") == {"exec": "EACCES"}
