@@ -22,11 +22,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from runnerd.schemas import compile_schema
+from runnerd.schemas import compile_schema, schema_cost
 
-__all__ = ["CheckTimedOut", "Checker", "Validators"]
+__all__ = ["INLINE_WORK", "CheckTimedOut", "Checker", "Validators"]
 
 T = TypeVar("T")
+# A check whose known bound of work (schema bytes x value bytes) is at most this runs on
+# the event loop: a few milliseconds at worst, and less than a thread's round trip for
+# the typical tool (a schema of 1 KB, a value of a few hundred bytes).
+INLINE_WORK = 400_000
 log = logging.getLogger("runnerd")
 
 
@@ -118,9 +122,14 @@ class Checker:
             except Exception as exc:  # a checker thread must never die; its check is lost
                 log.error("check thread: unexpected %s", type(exc).__name__)
 
-    async def run(self, fn: Callable[[], T]) -> T:
+    async def run(self, fn: Callable[[], T], *, work: int | None = None) -> T:
         """``fn()`` in a checker thread; CheckTimedOut when it outlives the budget (counted
-        from now, so a wait for a free checker counts too). Raises what ``fn`` raises."""
+        from now, so a wait for a free checker counts too). Raises what ``fn`` raises.
+
+        ``work``, a known bound on what ``fn`` does, at most INLINE_WORK: ``fn`` runs
+        right here instead, as a thread's round trip would cost more than the check."""
+        if work is not None and work <= INLINE_WORK:
+            return fn()
         job = _Job(fn, asyncio.get_running_loop())
         self._jobs.put(job)
         try:
@@ -140,12 +149,14 @@ class Checker:
 
 
 class Validators:
-    """Compiled schema validators per (tool key, input|output), LRU-bounded; safe to use
-    from several checker threads."""
+    """Compiled schema validators per (tool key, input|output), LRU-bounded, each with
+    its schema_cost; safe to use from several checker threads."""
 
     def __init__(self, capacity: int = 2048) -> None:
         self.capacity = capacity
-        self._cache: OrderedDict[tuple[str, str], Callable[[Any], Any]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], tuple[Callable[[Any], Any], int | None]] = (
+            OrderedDict()
+        )
         self._lock = threading.Lock()
 
     def get(self, key: str, which: str, schema: dict[str, Any]) -> Callable[[Any], Any]:
@@ -154,10 +165,21 @@ class Validators:
             found = self._cache.get(slot)
             if found is not None:
                 self._cache.move_to_end(slot)
-                return found
+                return found[0]
         compiled = compile_schema(schema)  # outside the lock: compiling takes a while
         with self._lock:
-            self._cache[slot] = compiled
+            self._cache[slot] = (compiled, schema_cost(schema))
             if len(self._cache) > self.capacity:
                 self._cache.popitem(last=False)
         return compiled
+
+    def work(self, key: str, which: str, size: int) -> int | None:
+        """A bound on the work of checking a value of ``size`` bytes against this
+        compiled schema (schema bytes x value bytes), or None: not compiled yet, or the
+        schema recurses, so no bound is known."""
+        with self._lock:
+            found = self._cache.get(slot := (key, which))
+            if found is None or found[1] is None:
+                return None
+            self._cache.move_to_end(slot)
+            return found[1] * max(size, 1)

@@ -171,12 +171,12 @@ class Runner:
         checker thread within its time budget. Both schemas must compile (a version stored
         by an older runnerd may hold one that this one refuses: ToolUnusable)."""
         started = time.monotonic()
+        try:
+            encoded = msgspec.json.encode(value)
+        except RecursionError:
+            raise InputRejected("INVALID_INPUT", _too_deep("input")) from None
 
         def check() -> bytes:
-            try:
-                encoded = msgspec.json.encode(value)
-            except RecursionError:
-                raise InputRejected("INVALID_INPUT", _too_deep("input")) from None
             if len(encoded) > MAX_INPUT_BYTES:
                 raise InputRejected(
                     "INPUT_TOO_LARGE",
@@ -200,8 +200,12 @@ class Runner:
                 raise InputRejected("INVALID_INPUT", f"input {message}", pointer) from None
             return encoded
 
+        # Inline only when both validators are compiled and the input's is cheap.
+        work = self.validators.work(key, "input", len(encoded))
+        if self.validators.work(key, "output", 0) is None:
+            work = None
         try:
-            encoded = await self.checker.run(check)
+            encoded = await self.checker.run(check, work=work)
         except CheckTimedOut as exc:
             raise InputRejected(
                 "INVALID_INPUT", f"checking the input against the input schema {exc}"
@@ -257,7 +261,11 @@ class Runner:
         )
         try:
             outcome = await self.sandbox.run(job, logs=logs, refill=False)
-            result = await self.checker.run(lambda: self._judge(tool, key, outcome, scrub))
+            size = len(outcome.result or b"") + len(outcome.logs)
+            result = await self.checker.run(
+                lambda: self._judge(tool, key, outcome, scrub),
+                work=self.validators.work(key, "output", size),
+            )
         except CheckTimedOut as exc:
             result = RunResult(
                 status=FAILED,
