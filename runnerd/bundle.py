@@ -214,7 +214,8 @@ class _Walk:
         self.seen = 0
 
     def inside(self, path: Path) -> Path | None:
-        """The real path of ``path`` if it is inside the app folder, else a problem."""
+        """The real path of ``path`` if it is inside the app folder (through whatever
+        links), else None and a problem naming it."""
         rel = path.relative_to(self.root).as_posix()
         try:
             real = path.resolve(strict=True)
@@ -271,25 +272,19 @@ class _Walk:
                     found.append(path.relative_to(self.root).as_posix())
         return found
 
-    def read(self, rel: str, limit: int) -> bytes | None:
-        """Up to ``limit`` + 1 bytes of the file ``rel`` (so an oversized file is reported,
-        not loaded), or None when it is a link out of the folder (a problem)."""
-        path = self.root / rel
-        real = self.inside(path) if path.is_symlink() or _has_link(self.root, rel) else path
+    def read(self, rel: str) -> bytes | None:
+        """The file ``rel``, up to its limit and a byte (so an oversized file is reported,
+        not loaded), or None when it, or a folder on its way, is a link out of the app
+        folder (a problem)."""
+        real = self.inside(self.root / rel)
         if real is None:
             return None
+        if rel == C.MANIFEST_NAME:
+            limit = C.MAX_MANIFEST_BYTES
+        else:
+            limit = C.MAX_TOOL_YAML_BYTES if rel.endswith(C.TOOL_SUFFIX) else C.MAX_SOURCE_BYTES
         with real.open("rb") as f:
             return f.read(limit + 1)
-
-
-def _has_link(root: Path, rel: str) -> bool:
-    """Whether any folder on the way from ``root`` to ``rel`` is a symlink."""
-    path = root
-    for part in rel.split("/")[:-1]:
-        path = path / part
-        if path.is_symlink():
-            return True
-    return False
 
 
 def read_app_dir(root: Path) -> dict[str, bytes]:
@@ -303,7 +298,7 @@ def read_app_dir(root: Path) -> dict[str, bytes]:
     manifest = root / C.MANIFEST_NAME
     if not manifest.is_file():
         return files
-    data = walk.read(C.MANIFEST_NAME, C.MAX_MANIFEST_BYTES)
+    data = walk.read(C.MANIFEST_NAME)
     if data is None:
         raise BundleRejected(walk.problems)
     files[C.MANIFEST_NAME] = data
@@ -321,8 +316,7 @@ def read_app_dir(root: Path) -> dict[str, bytes]:
                 stem + ext for ext in C.SOURCE_LANGUAGES if (root / (stem + ext)).is_file()
             )
     for rel in sorted(named):
-        limit = C.MAX_TOOL_YAML_BYTES if rel.endswith(C.TOOL_SUFFIX) else C.MAX_SOURCE_BYTES
-        content = walk.read(rel, limit)
+        content = walk.read(rel)
         if content is not None:
             files[rel] = content
     if walk.problems:
@@ -338,8 +332,7 @@ def read_tool_files(folder: Path, stem: str) -> dict[str, bytes]:
     files = {C.MANIFEST_NAME: f"slug: local\nname: local\ntools: {stem}{C.TOOL_SUFFIX}\n".encode()}
     for name in [f"{stem}{C.TOOL_SUFFIX}", *(stem + ext for ext in C.SOURCE_LANGUAGES)]:
         if (folder / name).is_file() or (folder / name).is_symlink():
-            limit = C.MAX_TOOL_YAML_BYTES if name.endswith(C.TOOL_SUFFIX) else C.MAX_SOURCE_BYTES
-            content = walk.read(name, limit)
+            content = walk.read(name)
             if content is not None:
                 files[name] = content
     if walk.problems:
@@ -348,10 +341,6 @@ def read_tool_files(folder: Path, stem: str) -> dict[str, bytes]:
 
 
 # --- YAML with positions --------------------------------------------------------------------
-
-
-def _parse_yaml(text: str) -> Any:
-    return load_yaml(text)
 
 
 def _yaml_problem(file: str, exc: YAMLError) -> Problem:
@@ -423,7 +412,7 @@ def _load_manifest(files: Mapping[str, bytes], problems: list[Problem]) -> Manif
     if text is None:
         return None
     try:
-        tree = _parse_yaml(text)
+        tree = load_yaml(text)
     except YAMLError as exc:
         problems.append(_yaml_problem(name, exc))
         return None
@@ -493,7 +482,7 @@ def _load_tool(
     tree: Any = None
     if text is not None:
         try:
-            tree = _parse_yaml(text)
+            tree = load_yaml(text)
         except YAMLError as exc:
             problems.append(_yaml_problem(yaml_path, exc))
     doc: Any = _plain(tree) if tree is not None else None
