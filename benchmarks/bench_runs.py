@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from runnerd.bundle import Tool, load_bundle
 from runnerd.config import load_settings
-from runnerd.engine import Engine, build_engine
-from runnerd.runtimes import clean_env
+from runnerd.run.engine import Engine, build_engine
+from runnerd.run.runtimes import clean_env
+from runnerd.upload.bundle import Tool, load_bundle
 
 
 def _tool(engine: Engine, name: str, ext: str, source: str) -> Tool:

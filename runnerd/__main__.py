@@ -1,3 +1,3 @@
-from runnerd.cli import main
+from runnerd.cli.main import main
 
 raise SystemExit(main())

@@ -19,10 +19,10 @@ from typing import Any
 
 import msgspec
 
-from runnerd.engine import Engine
 from runnerd.errors import BudgetExhausted, RunnerdError
-from runnerd.runs import CheckedInput, RunResult, tool_key
-from runnerd.sandbox import SandboxUnavailable
+from runnerd.run.engine import Engine
+from runnerd.run.jail import SandboxUnavailable
+from runnerd.run.runner import CheckedInput, RunResult, tool_key
 from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord
 from runnerd.vault import Vault
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from runnerd.bundle import Tool, load_bundle
 from runnerd.config import load_settings
-from runnerd.engine import Engine, build_engine
-from runnerd.runs import RunResult
-from runnerd.runtimes import find_node
+from runnerd.run.engine import Engine, build_engine
+from runnerd.run.runner import RunResult
+from runnerd.run.runtimes import find_node
 from runnerd.store import Store
-from runnerd.toolchain import Toolchain
+from runnerd.upload.bundle import Tool, load_bundle
+from runnerd.upload.toolchain import Toolchain
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "deal-desk"

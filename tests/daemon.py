@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
-from runnerd.bundle import read_app_dir
 from runnerd.store import Store
+from runnerd.upload.bundle import read_app_dir
 
 RUNNERD = str(Path(sys.executable).with_name("runnerd"))
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runnerd import cgroups
-from runnerd.cgroups import setup_cgroups
+from runnerd.run import cgroups
+from runnerd.run.cgroups import setup_cgroups
 
 
 def test_this_machine_has_a_usable_hierarchy() -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from conftest import EXAMPLE, AppDir
-from runnerd.toolchain import Toolchain
+from runnerd.upload.toolchain import Toolchain
 
 # The console script installed beside the Python running the tests.
 RUNNERD = str(Path(sys.executable).with_name("runnerd"))

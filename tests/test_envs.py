@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLE, make_tool
-from runnerd.apps import upload_version
-from runnerd.bundle import read_app_dir
-from runnerd.engine import Engine
-from runnerd.envs import EnvBuildFailed
+from runnerd.run.engine import Engine
+from runnerd.run.envs import EnvBuildFailed
 from runnerd.store import Store
+from runnerd.upload.bundle import read_app_dir
+from runnerd.upload.deploy import upload_version
 
 RUNNERD = str(Path(sys.executable).with_name("runnerd"))
 

@@ -16,8 +16,8 @@ import pytest
 from ruamel.yaml import YAML
 
 from conftest import EXAMPLE
-from runnerd.schemas import compile_schema
-from runnerd.toolchain import Toolchain
+from runnerd.checks.schemas import compile_schema
+from runnerd.upload.toolchain import Toolchain
 
 TOOLS = EXAMPLE / "tools"
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from conftest import make_tool, run_tool
-from runnerd.engine import Engine
-from runnerd.runs import RunResult
+from runnerd.run.engine import Engine
+from runnerd.run.runner import RunResult
 
 ORDINARY = "def run(i):\n    return {'ok': True}\n"
 RUNNERD = str(Path(sys.executable).with_name("runnerd"))

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from conftest import make_tool, run_tool
-from runnerd.engine import Engine
-from runnerd.runs import InputRejected
+from runnerd.run.engine import Engine
+from runnerd.run.runner import InputRejected
 
 OBJ = {"type": "object"}
 ADD_SCHEMA: dict[str, Any] = {

@@ -8,7 +8,7 @@ import fastjsonschema
 from ruamel.yaml import YAML
 
 from conftest import EXAMPLE, REPO
-from runnerd.schemas import check_document, compile_schema, published_schema, schemas_dir
+from runnerd.checks.schemas import check_document, compile_schema, published_schema, schemas_dir
 
 
 def test_loader_reads_the_checked_in_schemas() -> None:

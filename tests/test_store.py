@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from conftest import AppDir
-from runnerd.apps import upload_version
-from runnerd.bundle import read_app_dir
 from runnerd.errors import VersionExists
 from runnerd.store import DB_FILENAME, MIGRATIONS, Store, new_id
-from runnerd.toolchain import Toolchain
+from runnerd.upload.bundle import read_app_dir
+from runnerd.upload.deploy import upload_version
+from runnerd.upload.toolchain import Toolchain
 
 
 def upload(store: Store, app: AppDir, toolchain: Toolchain) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from conftest import EXAMPLE
-from runnerd.engine import Engine
+from runnerd.run.engine import Engine
 
 RUNNERD = str(Path(sys.executable).with_name("runnerd"))
 

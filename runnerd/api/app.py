@@ -31,8 +31,8 @@ from runnerd.api.state import AppState
 from runnerd.api.wire import Health
 from runnerd.calls import Calls, ResultCache, RunGate
 from runnerd.config import Settings
-from runnerd.engine import build_engine
-from runnerd.sandbox import JailKind
+from runnerd.run.engine import build_engine
+from runnerd.run.jail import JailKind
 from runnerd.store import Store
 from runnerd.vault import Vault
 

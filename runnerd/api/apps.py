@@ -30,8 +30,6 @@ from runnerd.api.wire import (
     SwitchBody,
     VersionInfo,
 )
-from runnerd.apps import check_upload
-from runnerd.bundle import Bundle
 from runnerd.constants import (
     MAX_MANIFEST_BYTES,
     MAX_SOURCE_BYTES,
@@ -39,6 +37,8 @@ from runnerd.constants import (
     MAX_TOOLS_PER_APP,
 )
 from runnerd.store import AppRecord, InstallRecord, Store, VersionRecord
+from runnerd.upload.bundle import Bundle
+from runnerd.upload.deploy import check_upload
 
 __all__ = ["OPS"]
 

@@ -15,8 +15,8 @@ from starlette.responses import Response
 
 from runnerd.calls import ApprovalUnavailable, IdempotencyConflict, RunQueueFull, ToolNotFound
 from runnerd.errors import BudgetExhausted, BundleRejected, VersionExists
-from runnerd.runs import InputRejected, ToolUnusable
-from runnerd.sandbox import SandboxUnavailable
+from runnerd.run.jail import SandboxUnavailable
+from runnerd.run.runner import InputRejected, ToolUnusable
 from runnerd.vault import VaultError
 
 __all__ = ["ApiError", "error_response", "from_domain"]

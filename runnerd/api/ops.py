@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from runnerd.api.errors import ApiError
+from runnerd.checks.nesting import nesting_over
 from runnerd.constants import MAX_JSON_DEPTH
-from runnerd.nesting import nesting_over
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from runnerd.api.limits import RateLimiter
 from runnerd.calls import Calls
 from runnerd.config import Settings
-from runnerd.engine import Engine
+from runnerd.run.engine import Engine
 from runnerd.store import Store
 
 __all__ = ["AppState"]

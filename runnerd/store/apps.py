@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runnerd.bundle import Bundle, Tool
 from runnerd.errors import VersionExists
 from runnerd.store.audit import AuditStore
 from runnerd.store.records import (
@@ -16,6 +15,7 @@ from runnerd.store.records import (
     new_id,
     utc_now,
 )
+from runnerd.upload.bundle import Bundle, Tool
 
 
 class AppsStore(AuditStore):

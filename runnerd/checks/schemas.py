@@ -22,9 +22,9 @@ from urllib.parse import unquote
 import fastjsonschema
 import msgspec
 
-from runnerd.patterns import PatternError
+from runnerd.checks.codegen import compile_linear
+from runnerd.checks.patterns import PatternError
 from runnerd.resources import resource_dir
-from runnerd.schema_codegen import compile_linear
 
 __all__ = [
     "FieldError",

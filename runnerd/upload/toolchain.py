@@ -18,7 +18,7 @@ from typing import Any
 
 from runnerd.constants import MIN_NODE_MAJOR, TOOLCHAIN_PACKAGES
 from runnerd.errors import RunnerdError
-from runnerd.runtimes import CLEAN_PATH, NodeRuntime, clean_env
+from runnerd.run.runtimes import CLEAN_PATH, NodeRuntime, clean_env
 
 __all__ = ["Toolchain", "ToolchainError"]
 

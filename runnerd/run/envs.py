@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from runnerd.errors import RunnerdError
-from runnerd.runtimes import world_readable
+from runnerd.run.runtimes import world_readable
 from runnerd.store import utc_now
 
 if TYPE_CHECKING:
     from runnerd.config import Settings
-    from runnerd.sandbox import Sandbox
+    from runnerd.run.jail import Sandbox
 
 __all__ = ["EnvBuildFailed", "EnvInfo", "EnvManager"]
 

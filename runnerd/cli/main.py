@@ -18,20 +18,20 @@ from typing import Any
 import msgspec
 
 from runnerd import __version__
-from runnerd.bundle import Bundle, load_bundle, read_app_dir, read_tool_files
-from runnerd.cli_admin import register_admin
-from runnerd.cli_client import register_client
-from runnerd.cli_common import printable, read_input
+from runnerd.cli.admin import register_admin
+from runnerd.cli.client import register_client
+from runnerd.cli.output import printable, read_input
 from runnerd.config import ConfigError, Settings, load_settings
 from runnerd.constants import MANIFEST_NAME, TOOL_SUFFIX
-from runnerd.engine import Engine, build_engine
-from runnerd.envs import EnvBuildFailed
 from runnerd.errors import BundleRejected, Problem
-from runnerd.runs import InputRejected
-from runnerd.runtimes import find_node
-from runnerd.sandbox import SandboxUnavailable
+from runnerd.run.engine import Engine, build_engine
+from runnerd.run.envs import EnvBuildFailed
+from runnerd.run.jail import SandboxUnavailable
+from runnerd.run.runner import InputRejected
+from runnerd.run.runtimes import find_node
 from runnerd.store import Store
-from runnerd.toolchain import Toolchain, ToolchainError
+from runnerd.upload.bundle import Bundle, load_bundle, read_app_dir, read_tool_files
+from runnerd.upload.toolchain import Toolchain, ToolchainError
 
 __all__ = ["main"]
 

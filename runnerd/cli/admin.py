@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from runnerd.cli_common import output, settings_from_args
+from runnerd.cli.output import output, settings_from_args
 from runnerd.store import Store
 
 __all__ = ["register_admin"]
@@ -32,7 +32,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # Checks run in threads (runnerd.checks); the event loop takes the GIL back from a
+    # Checks run in threads (runnerd.checks.checker); the event loop takes the GIL back from a
     # busy one within 1 ms instead of the default 5, so requests keep their latency.
     sys.setswitchinterval(0.001)
     uvicorn.run(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from runnerd.bundle import Bundle, load_bundle
-from runnerd.envs import EnvBuildFailed, EnvManager
 from runnerd.errors import BundleRejected, Problem
+from runnerd.run.envs import EnvBuildFailed, EnvManager
 from runnerd.store import Store, VersionRecord
-from runnerd.toolchain import Toolchain
+from runnerd.upload.bundle import Bundle, load_bundle
+from runnerd.upload.toolchain import Toolchain
 
 __all__ = ["check_upload", "upload_version"]
 

@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from runnerd.cgroups import Cgroups
 from runnerd.constants import MAX_OUTPUT_BYTES
 from runnerd.errors import RunnerdError
 from runnerd.resources import resource_dir
-from runnerd.runtimes import Runtimes
+from runnerd.run.cgroups import Cgroups
+from runnerd.run.runtimes import Runtimes
 
 __all__ = [
     "JailKind",

@@ -13,10 +13,10 @@ from typing import Any
 
 import msgspec
 
+from runnerd.checks.nesting import nesting_over
 from runnerd.config import Settings, load_settings
 from runnerd.constants import MAX_JSON_DEPTH
-from runnerd.nesting import nesting_over
-from runnerd.runs import InputRejected
+from runnerd.run.runner import InputRejected
 
 __all__ = ["line_printer", "output", "printable", "read_input", "settings_from_args"]
 

@@ -15,13 +15,13 @@ from typing import Any
 
 from ruamel.yaml.error import YAMLError
 
-from runnerd.bundle import read_app_dir
-from runnerd.cli_common import line_printer, output, printable, read_input
-from runnerd.client import ApiClient, ApiFailure
+from runnerd.cli.http import ApiClient, ApiFailure
+from runnerd.cli.output import line_printer, output, printable, read_input
 from runnerd.constants import MANIFEST_NAME
 from runnerd.errors import BundleRejected
-from runnerd.runs import InputRejected
-from runnerd.yamlfile import load_yaml
+from runnerd.run.runner import InputRejected
+from runnerd.upload.bundle import read_app_dir
+from runnerd.upload.yamlfile import load_yaml
 
 __all__ = ["register_client"]
 

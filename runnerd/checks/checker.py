@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from runnerd.schemas import compile_schema, schema_cost
+from runnerd.checks.schemas import compile_schema, schema_cost
 
 __all__ = ["INLINE_WORK", "CheckTimedOut", "Checker", "Validators"]
 

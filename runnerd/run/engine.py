@@ -8,14 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runnerd.cgroups import Cgroups, setup_cgroups
-from runnerd.checks import Checker
+from runnerd.checks.checker import Checker
 from runnerd.config import Settings
-from runnerd.envs import EnvManager
-from runnerd.runs import Runner
-from runnerd.runtimes import Runtimes, find_runtimes, world_readable
-from runnerd.sandbox import Limits, Sandbox, SandboxUnavailable, UidPool, find_nsjail
-from runnerd.toolchain import Toolchain
+from runnerd.run.cgroups import Cgroups, setup_cgroups
+from runnerd.run.envs import EnvManager
+from runnerd.run.jail import Limits, Sandbox, SandboxUnavailable, UidPool, find_nsjail
+from runnerd.run.runner import Runner
+from runnerd.run.runtimes import Runtimes, find_runtimes, world_readable
+from runnerd.upload.toolchain import Toolchain
 
 __all__ = ["Engine", "build_engine"]
 

@@ -23,13 +23,13 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from runnerd import constants as C
-from runnerd.compile import SourceFile, check_code
+from runnerd.checks.patterns import PatternError, compile_pattern
+from runnerd.checks.schemas import FieldError, SchemaError, check_document, compile_schema
 from runnerd.errors import BundleRejected, Problem
-from runnerd.patterns import PatternError, compile_pattern
-from runnerd.pins import PinError, normalize_pin, pin_name
-from runnerd.schemas import FieldError, SchemaError, check_document, compile_schema
-from runnerd.toolchain import Toolchain
-from runnerd.yamlfile import load_yaml
+from runnerd.upload.code import SourceFile, check_code
+from runnerd.upload.pins import PinError, normalize_pin, pin_name
+from runnerd.upload.toolchain import Toolchain
+from runnerd.upload.yamlfile import load_yaml
 
 __all__ = [
     "Bundle",

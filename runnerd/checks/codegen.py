@@ -1,7 +1,7 @@
 """fastjsonschema's code generators, with every keyword that could take more than linear
 time rewritten, so no schema and no value can freeze the daemon.
 
-- ``pattern``, ``patternProperties`` and ``format: regex`` run on RE2 (runnerd.patterns);
+- ``pattern``, ``patternProperties`` and ``format: regex`` run on RE2 (runnerd.checks.patterns);
   a pattern RE2 cannot run is refused at compile time, and compiling never runs Python's
   backtracking ``re`` on a schema's pattern (fastjsonschema's ``required`` check did).
 - every ``format`` is checked by runnerd.patterns.FORMATS, in linear time.
@@ -24,7 +24,7 @@ from fastjsonschema.draft07 import CodeGeneratorDraft07
 from fastjsonschema.draft2019 import CodeGeneratorDraft2019
 from fastjsonschema.ref_resolver import RefResolver
 
-from runnerd.patterns import FORMATS, compile_pattern
+from runnerd.checks.patterns import FORMATS, compile_pattern
 
 __all__ = ["compile_linear", "unique_items"]
 

@@ -17,14 +17,14 @@ from typing import Any, Protocol
 import fastjsonschema
 import msgspec
 
-from runnerd.checks import Checker, CheckTimedOut, Validators
+from runnerd.checks.checker import Checker, CheckTimedOut, Validators
+from runnerd.checks.nesting import nesting_over
+from runnerd.checks.schemas import SchemaError
 from runnerd.constants import MAX_ERROR_CHARS, MAX_INPUT_BYTES, MAX_JSON_DEPTH, MAX_OUTPUT_BYTES
-from runnerd.envs import EnvManager
 from runnerd.errors import RunnerdError
-from runnerd.nesting import nesting_over
-from runnerd.sandbox import Job, Outcome, Sandbox
-from runnerd.schemas import SchemaError
-from runnerd.secrets import Scrubber
+from runnerd.run.envs import EnvManager
+from runnerd.run.jail import Job, Outcome, Sandbox
+from runnerd.run.scrub import Scrubber
 
 __all__ = [
     "CheckedInput",
