@@ -44,13 +44,19 @@ APPROVAL_SURFACES = ("chat", "relay")
 class ToolNotFound(RunnerdError):
     """The installed version has no tool of that name."""
 
+    reason, status = "TOOL_NOT_FOUND", 404
+
 
 class IdempotencyConflict(RunnerdError):
     """The Idempotency-Key was first used with another request."""
 
+    reason, status = "IDEMPOTENCY_KEY_REUSED", 409
+
 
 class RunQueueFull(RunnerdError):
     """More runs are waiting than the queue holds; try again shortly."""
+
+    reason, status, retry_after_s = "RUN_QUEUE_FULL", 503, 1
 
 
 class RunGate:
@@ -79,11 +85,16 @@ class RunGate:
             self._slots.release()
 
 
+_APPROVAL_STATUS = {"APPROVAL_NOT_FOUND": 404, "NOT_AN_APPROVER": 403}
+
+
 class ApprovalUnavailable(RunnerdError):
     """An approval that cannot be decided or run (not pending, expired, not yours...)."""
 
     def __init__(self, reason: str, message: str) -> None:
         self.reason = reason
+        # A reason not listed is a conflict with the approval's state.
+        self.status = _APPROVAL_STATUS.get(reason, 409)
         super().__init__(message)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 __all__ = ["BudgetExhausted", "BundleRejected", "Problem", "RunnerdError", "VersionExists"]
@@ -20,11 +22,27 @@ class Problem(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class RunnerdError(Exception):
-    """Base of every error runnerd raises on purpose."""
+    """Base of every error runnerd raises on purpose.
+
+    An error a caller of the API may meet says so with ``reason`` (the wire reason,
+    ``details.code``) and ``status`` (the HTTP status); ``wire_details`` adds what the caller
+    needs besides, and ``retry_after_s`` when trying again later will work. The API maps
+    every such error through these, in one place (api/errors.py). An error without a
+    ``reason`` never reaches a caller as such: it is a 500.
+    """
+
+    reason: str | None = None
+    status: int = 500
+    retry_after_s: int | None = None
+
+    def wire_details(self) -> dict[str, Any]:
+        return {}
 
 
 class BundleRejected(RunnerdError):
     """An upload had problems; nothing was stored. ``problems`` lists every one found."""
+
+    reason, status = "BUNDLE_REJECTED", 400
 
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = problems
@@ -36,9 +54,14 @@ class BundleRejected(RunnerdError):
     def __repr__(self) -> str:
         return f"BundleRejected({len(self.problems)} problems: {self.problems[:3]!r}...)"
 
+    def wire_details(self) -> dict[str, Any]:
+        return {"problems": [msgspec.to_builtins(p) for p in self.problems]}
+
 
 class VersionExists(RunnerdError):
     """The app already has a version with this version string; versions are immutable."""
+
+    reason, status = "VERSION_EXISTS", 409
 
     def __init__(self, slug: str, version: str) -> None:
         self.slug = slug
@@ -52,6 +75,8 @@ class VersionExists(RunnerdError):
 class BudgetExhausted(RunnerdError):
     """The install's monthly budget is spent; refused before any sandbox starts."""
 
+    reason, status = "budget_exhausted", 403  # the seed's own spelling
+
     def __init__(self, install_id: str, resets_at: str) -> None:
         self.install_id = install_id
         self.resets_at = resets_at
@@ -59,3 +84,6 @@ class BudgetExhausted(RunnerdError):
             f"the monthly budget of this install is spent; it resets at {resets_at}, or "
             "when an admin raises it"
         )
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"resetsAt": self.resets_at}

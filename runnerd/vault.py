@@ -26,6 +26,8 @@ __all__ = ["Vault", "VaultError", "new_key"]
 class VaultError(RunnerdError):
     """The key is missing or wrong for a stored secret."""
 
+    reason, status = "VAULTERROR", 503  # the wire reason clients already know
+
 
 def new_key() -> bytes:
     return secrets.token_bytes(32)

@@ -23,7 +23,7 @@ from runnerd import __version__
 from runnerd.api import apps as apps_ops
 from runnerd.api import governance as governance_ops
 from runnerd.api import tools as tools_ops
-from runnerd.api.errors import CODES, ApiError, error_response, from_domain
+from runnerd.api.errors import ApiError, code_for_status, error_response, from_domain
 from runnerd.api.limits import RateLimiter
 from runnerd.api.openapi import openapi_document
 from runnerd.api.ops import Op, json_response
@@ -120,7 +120,7 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    code = next((c for c, (status, _) in CODES.items() if status == exc.status_code), "BAD_REQUEST")
+    code = code_for_status(exc.status_code)
     headers = dict(exc.headers or {})
     error = ApiError(code, headers=headers)
     return error_response(error)

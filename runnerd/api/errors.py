@@ -13,13 +13,9 @@ from typing import Any
 import msgspec
 from starlette.responses import Response
 
-from runnerd.calls import ApprovalUnavailable, IdempotencyConflict, RunQueueFull, ToolNotFound
-from runnerd.errors import BudgetExhausted, BundleRejected, VersionExists
-from runnerd.run.jail import SandboxUnavailable
-from runnerd.run.runner import InputRejected, ToolUnusable
-from runnerd.vault import VaultError
+from runnerd.errors import RunnerdError
 
-__all__ = ["ApiError", "error_response", "from_domain"]
+__all__ = ["ApiError", "code_for_status", "error_response", "from_domain"]
 
 # code -> (HTTP status, default message), from seed 003 plus what the management API adds.
 CODES: dict[str, tuple[int, str]] = {
@@ -33,6 +29,7 @@ CODES: dict[str, tuple[int, str]] = {
     "INTERNAL_ERROR": (500, "Internal server error"),
     "SERVICE_UNAVAILABLE": (503, "Service temporarily unavailable"),
 }
+_BY_STATUS = {status: code for code, (status, _) in CODES.items()}
 
 
 class ApiError(Exception):
@@ -82,48 +79,19 @@ def error_response(error: ApiError) -> Response:
     )
 
 
+def code_for_status(status: int) -> str:
+    """The envelope code of an HTTP status (BAD_REQUEST for one the seed does not list)."""
+    return _BY_STATUS.get(status, "BAD_REQUEST")
+
+
 def from_domain(exc: Exception) -> ApiError | None:
-    """The API error for a domain error, or None if it is not one we map."""
-    if isinstance(exc, BundleRejected):
-        return ApiError(
-            "BAD_REQUEST",
-            str(exc),
-            details={
-                "code": "BUNDLE_REJECTED",
-                "problems": [msgspec.to_builtins(p) for p in exc.problems],
-            },
-        )
-    if isinstance(exc, VersionExists):
-        return ApiError("CONFLICT", str(exc), details={"code": "VERSION_EXISTS"})
-    if isinstance(exc, BudgetExhausted):
-        return ApiError(
-            "FORBIDDEN", str(exc), details={"code": "budget_exhausted", "resetsAt": exc.resets_at}
-        )
-    if isinstance(exc, ToolUnusable):
-        return ApiError("CONFLICT", str(exc), details={"code": "TOOL_UNUSABLE"})
-    if isinstance(exc, ToolNotFound):
-        return ApiError("NOT_FOUND", str(exc), details={"code": "TOOL_NOT_FOUND"})
-    if isinstance(exc, IdempotencyConflict):
-        return ApiError("CONFLICT", str(exc), details={"code": "IDEMPOTENCY_KEY_REUSED"})
-    if isinstance(exc, ApprovalUnavailable):
-        code = {"APPROVAL_NOT_FOUND": "NOT_FOUND", "NOT_AN_APPROVER": "FORBIDDEN"}.get(
-            exc.reason, "CONFLICT"
-        )
-        return ApiError(code, str(exc), details={"code": exc.reason})
-    if isinstance(exc, RunQueueFull):
-        return ApiError(
-            "SERVICE_UNAVAILABLE",
-            str(exc),
-            details={"code": "RUN_QUEUE_FULL"},
-            headers={"Retry-After": "1"},
-        )
-    if isinstance(exc, (SandboxUnavailable, VaultError)):
-        return ApiError(
-            "SERVICE_UNAVAILABLE", str(exc), details={"code": type(exc).__name__.upper()}
-        )
-    if isinstance(exc, InputRejected):
-        details: dict[str, Any] = {"code": exc.code}
-        if exc.pointer is not None:
-            details["pointer"] = exc.pointer
-        return ApiError("BAD_REQUEST", str(exc), details=details)
-    return None
+    """The API error for a domain error that carries a wire reason, or None."""
+    if not isinstance(exc, RunnerdError) or exc.reason is None:
+        return None
+    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+    return ApiError(
+        code_for_status(exc.status),
+        str(exc),
+        details={"code": exc.reason, **exc.wire_details()},
+        headers=headers,
+    )

