@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import fcntl
 import logging
-import os
 import traceback
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,15 +19,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from runnerd import __version__
-from runnerd.api import apps as apps_ops
-from runnerd.api import governance as governance_ops
-from runnerd.api import tools as tools_ops
 from runnerd.api.errors import ApiError, code_for_status, error_response, from_domain
 from runnerd.api.limits import RateLimiter
-from runnerd.api.openapi import openapi_document
-from runnerd.api.ops import Op, json_response
+from runnerd.api.ops import Op
+from runnerd.api.routes import OPS
 from runnerd.api.state import AppState
-from runnerd.api.wire import Health
 from runnerd.calls import Calls, ResultCache, RunGate
 from runnerd.config import Settings
 from runnerd.run.engine import build_engine
@@ -39,65 +34,6 @@ from runnerd.vault import Vault
 __all__ = ["OPS", "create_app"]
 
 log = logging.getLogger("runnerd")
-
-
-async def healthz(request: Request, state: AppState) -> Response:
-    return json_response(Health(status="ok"))
-
-
-async def readyz(request: Request, state: AppState) -> Response:
-    checks: dict[str, str] = {}
-    try:
-        state.store.db.execute("SELECT 1").fetchone()
-        checks["store"] = "ok"
-    except Exception as exc:
-        checks["store"] = f"error: {type(exc).__name__}"
-    nsjail = state.engine.sandbox.nsjail
-    checks["nsjail"] = "ok" if os.access(nsjail, os.X_OK) else f"missing: {nsjail}"
-    rt = state.engine.runtimes
-    checks["python"] = rt.python.version if rt.python else "missing"
-    checks["node"] = rt.node.version if rt.node else "missing"
-    checks["cgroups"] = state.engine.cgroups.mode
-    ready = (
-        checks["store"] == "ok"
-        and checks["nsjail"] == "ok"
-        and (rt.python is not None or rt.node is not None)
-    )
-    if not ready:
-        raise ApiError("SERVICE_UNAVAILABLE", "not ready", details={"checks": checks})
-    return json_response(Health(status="ready", checks=checks))
-
-
-async def openapi(request: Request, state: AppState) -> Response:
-    return json_response(openapi_document())
-
-
-OPS: list[Op] = [
-    *tools_ops.OPS,
-    *apps_ops.OPS,
-    *governance_ops.OPS,
-    Op("GET", "/healthz", "healthz", "Alive", healthz, Health, errors=(500,), authenticated=False),
-    Op(
-        "GET",
-        "/readyz",
-        "readyz",
-        "Ready: store open, nsjail usable, a runtime found",
-        readyz,
-        Health,
-        errors=(500, 503),
-        authenticated=False,
-    ),
-    Op(
-        "GET",
-        "/api/v2/openapi.json",
-        "openapi",
-        "This API's OpenAPI document",
-        openapi,
-        None,
-        errors=(500,),
-        authenticated=False,
-    ),
-]
 
 
 def _endpoint(op: Op) -> Any:

@@ -6,12 +6,12 @@ equals what the server serves.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import msgspec
 
 from runnerd import __version__
+from runnerd.api.ops import Op
 from runnerd.api.wire import ErrorEnvelope
 
 __all__ = ["openapi_document"]
@@ -31,19 +31,17 @@ _STATUS_TEXT = {
 }
 
 
-@functools.cache
-def openapi_document() -> dict[str, Any]:
-    from runnerd.api.app import OPS
-
-    types = {op.response for op in OPS if op.response} | {op.body for op in OPS if op.body}
-    types |= {t for op in OPS for t in op.extra_responses.values()}
+def openapi_document(ops: list[Op]) -> dict[str, Any]:
+    """The OpenAPI document of ``ops`` (the route table, api/routes.py)."""
+    types = {op.response for op in ops if op.response} | {op.body for op in ops if op.body}
+    types |= {t for op in ops for t in op.extra_responses.values()}
     types.add(ErrorEnvelope)
     ordered = sorted(types, key=lambda t: t.__name__)
     schemas, components = msgspec.json.schema_components(ordered, ref_template=_REF)
     ref = dict(zip(ordered, schemas, strict=True))
     error = {"application/json": {"schema": ref[ErrorEnvelope]}}
     paths: dict[str, dict[str, Any]] = {}
-    for op in OPS:
+    for op in ops:
         operation: dict[str, Any] = {
             "operationId": op.operation_id,
             "summary": op.summary,

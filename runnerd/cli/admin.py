@@ -46,9 +46,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_openapi(args: argparse.Namespace) -> int:
-    from runnerd.api.openapi import openapi_document
+    from runnerd.api.routes import api_document
 
-    sys.stdout.write(json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n")
+    sys.stdout.write(json.dumps(api_document(), indent=2, sort_keys=True) + "\n")
     return 0
 
 
