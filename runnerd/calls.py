@@ -19,10 +19,10 @@ from typing import Any
 
 import msgspec
 
+from runnerd.config import Settings
 from runnerd.errors import BudgetExhausted, RunnerdError
-from runnerd.run.engine import Engine
 from runnerd.run.jail import SandboxUnavailable
-from runnerd.run.runner import CheckedInput, RunResult, tool_key
+from runnerd.run.runner import CheckedInput, Runner, RunResult, tool_key
 from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord
 from runnerd.vault import Vault
 
@@ -163,6 +163,7 @@ class _Held:
     """A write call waiting for approval: its input lives only here, in memory."""
 
     value: Any
+    checked: CheckedInput  # checked once, when the call was made
     who: Who
     workflow_run_id: str | None
 
@@ -170,15 +171,32 @@ class _Held:
 @dataclass
 class Calls:
     store: Store
-    engine: Engine
+    runner: Runner
     vault: Vault
-    gate: RunGate = field(default_factory=lambda: RunGate(8, 64))
-    approval_ttl_s: int = 900
-    idempotency_ttl_s: int = 86_400
-    results: ResultCache = field(default_factory=lambda: ResultCache(64 << 20, 86_400))
+    gate: RunGate
+    approval_ttl_s: int
+    idempotency_ttl_s: int
+    results: ResultCache
     _held: dict[str, _Held] = field(default_factory=dict)
     _running: dict[str, asyncio.Future[CallResult]] = field(default_factory=dict)
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, *, store: Store, runner: Runner, vault: Vault
+    ) -> Calls:
+        return cls(
+            store=store,
+            runner=runner,
+            vault=vault,
+            gate=RunGate(settings.max_concurrent_runs, settings.max_queued_runs),
+            approval_ttl_s=settings.approval_ttl_s,
+            idempotency_ttl_s=settings.idempotency_ttl_s,
+            results=ResultCache(
+                settings.result_cache_mb << 20,
+                max(settings.approval_ttl_s, settings.idempotency_ttl_s),
+            ),
+        )
 
     # --- the call ---------------------------------------------------------------------------
 
@@ -209,7 +227,7 @@ class Calls:
         BudgetExhausted or IdempotencyConflict before any sandbox starts."""
         version_id = install.version_id  # resolved once: a later switch does not touch it
         tool = self.tool(install, tool_name, version_id)
-        checked = await self.engine.runner.check_input(tool, value, key=tool_key(tool, version_id))
+        checked = await self.runner.check_input(tool, value, key=tool_key(tool, version_id))
         fingerprint = request_hash(install.id, version_id, tool.name, value)
         if idempotency_key is not None:
             replay = await self._replay(who, idempotency_key, fingerprint)
@@ -228,7 +246,7 @@ class Calls:
                     requested_by=who.user_id,
                     ttl_s=self.approval_ttl_s,
                 )
-                self._held[approval.id] = _Held(value, who, workflow_run_id)
+                self._held[approval.id] = _Held(value, checked, who, workflow_run_id)
                 if idempotency_key is not None:
                     self.store.settle_idempotency_key(who.user_id, idempotency_key, None)
                 return Pending(approval.id, approval.expires_at)
@@ -288,7 +306,7 @@ class Calls:
         value: Any,
         version_id: str,
         key_id: str | None,
-        checked: CheckedInput | None = None,
+        checked: CheckedInput,
     ) -> CallResult:
         """Run an admitted run in its jail and end it (row, ledger, audit, budget in one
         transaction); the result stays in memory only. Its row ends even if no jail
@@ -296,7 +314,7 @@ class Calls:
         done: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
         self._running[run_id] = done
         try:
-            outcome: RunResult = await self.engine.runner.run(
+            outcome: RunResult = await self.runner.run(
                 tool,
                 value,
                 checked=checked,
@@ -450,7 +468,13 @@ class Calls:
         with contextlib.suppress(Exception):
             async with self.gate.admit(must_wait=True):
                 await self._execute(
-                    run_id, install, tool, held.value, approval.version_id, held.who.key_id
+                    run_id,
+                    install,
+                    tool,
+                    held.value,
+                    approval.version_id,
+                    held.who.key_id,
+                    held.checked,
                 )
 
     def expire(self) -> list[str]:

@@ -45,6 +45,8 @@ MAX_OUTPUT_BYTES: Final = 1 * MB  # seed 000, Limits: "Output of one run 1 MB"
 MAX_JSON_DEPTH: Final = 128
 # runnerd: a run's error text (message and stack), after secrets are scrubbed from it.
 MAX_ERROR_CHARS: Final = 8 * KB
+# runnerd: a run's stdout and stderr kept (for builders: `tool test`); the rest is dropped.
+MAX_LOG_BYTES: Final = 64 * KB
 
 # --- Daemon defaults (shared/DESIGN.md, *Contract*) ---------------------------------------
 

@@ -36,7 +36,7 @@ def deep(depth: int) -> Any:
 
 
 def test_a_check_past_its_budget_is_abandoned_and_its_thread_freed() -> None:
-    checker = Checker(workers=1, budget_s=0.3)
+    checker = Checker(budget_s=0.3, workers=1)
     validate = compile_schema(EXPONENTIAL)
 
     async def scenario() -> list[Any]:
@@ -55,7 +55,7 @@ def test_a_check_past_its_budget_is_abandoned_and_its_thread_freed() -> None:
 
 
 def test_a_check_that_raises_hands_its_exception_to_the_caller() -> None:
-    checker = Checker(workers=1)
+    checker = Checker(budget_s=2.0, workers=1)
 
     def fail() -> None:
         raise ValueError("bad value")
@@ -70,7 +70,7 @@ def test_a_check_that_raises_hands_its_exception_to_the_caller() -> None:
 
 
 def test_small_bounded_checks_run_inline_and_the_rest_in_a_thread() -> None:
-    checker = Checker(workers=1)
+    checker = Checker(budget_s=2.0, workers=1)
 
     async def where(work: int | None) -> str:
         return await checker.run(lambda: threading.current_thread().name, work=work)

@@ -24,7 +24,7 @@ from runnerd.api.limits import RateLimiter
 from runnerd.api.ops import Op
 from runnerd.api.routes import OPS
 from runnerd.api.state import AppState
-from runnerd.calls import Calls, ResultCache, RunGate
+from runnerd.calls import Calls
 from runnerd.config import Settings
 from runnerd.run.engine import build_engine
 from runnerd.run.jail import JailKind
@@ -117,17 +117,11 @@ def create_app(settings: Settings) -> Starlette:
                 "closed %d run(s) left open by the last stop as failed (interrupted)",
                 len(interrupted),
             )
-        calls = Calls(
+        calls = Calls.from_settings(
+            settings,
             store=store,
-            engine=engine,
+            runner=engine.runner,
             vault=Vault.from_settings(settings.secrets_key, settings.secrets_key_path),
-            gate=RunGate(settings.max_concurrent_runs, settings.max_queued_runs),
-            approval_ttl_s=settings.approval_ttl_s,
-            idempotency_ttl_s=settings.idempotency_ttl_s,
-            results=ResultCache(
-                settings.result_cache_mb << 20,
-                max(settings.approval_ttl_s, settings.idempotency_ttl_s),
-            ),
         )
         app.state.runnerd = AppState(
             settings=settings,

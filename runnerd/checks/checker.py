@@ -100,7 +100,7 @@ class _Job:
 class Checker:
     """``workers`` daemon threads that run checks, each within ``budget_s``."""
 
-    def __init__(self, *, workers: int = 2, budget_s: float = 2.0) -> None:
+    def __init__(self, *, budget_s: float, workers: int = 2) -> None:
         self.budget_s = budget_s
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._threads = [

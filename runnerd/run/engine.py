@@ -57,14 +57,7 @@ def build_engine(settings: Settings, *, warm: int = 0) -> Engine:
     mounts, note = _mount_root(settings)
     runtimes = find_runtimes(settings.python, settings.node)
     cgroups = setup_cgroups()
-    limits = Limits(
-        memory_mb=settings.memory_mb,
-        pids=settings.pids,
-        tmp_mb=settings.tmp_mb,
-        file_mb=settings.file_mb,
-        open_files=settings.open_files,
-        cpu_ms_per_sec=settings.cpu_ms_per_sec,
-    )
+    limits = Limits.from_settings(settings)
     sandbox = Sandbox(
         nsjail=find_nsjail(settings.nsjail),
         runtimes=runtimes,

@@ -33,13 +33,16 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from runnerd.constants import MAX_OUTPUT_BYTES
+from runnerd.constants import MAX_LOG_BYTES, MAX_OUTPUT_BYTES, MAX_TIMEOUT_MS
 from runnerd.errors import RunnerdError
 from runnerd.resources import resource_dir
 from runnerd.run.cgroups import Cgroups
 from runnerd.run.runtimes import Runtimes
+
+if TYPE_CHECKING:
+    from runnerd.config import Settings
 
 __all__ = [
     "JailKind",
@@ -55,7 +58,7 @@ __all__ = [
 INSIDE_ID = 1000  # the uid/gid a tool sees; mapped to the run's own outside id
 STOP_GRACE_S = 0.5  # after SIGTERM, how long nsjail gets to clean up before SIGKILL
 READ_CHUNK = 65536
-MAX_TIMEOUT_S = 300  # seed 000: timeoutMs at most 300,000; a waiting jail may get any tool
+MAX_TIMEOUT_S = MAX_TIMEOUT_MS // 1000  # a waiting jail may get any tool, the slowest too
 WARM_MAX_IDLE_S = 120  # a waiting jail older than this is replaced, not used
 WARM_MAX_KINDS = 16  # kinds (language + package env) that keep waiting jails at once
 
@@ -77,16 +80,27 @@ def find_nsjail(configured: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-run limits; every default is documented in docs/SECURITY.md."""
+    """Per-run limits, from Settings (their defaults live there, and in docs/SECURITY.md)."""
 
-    memory_mb: int = 512  # cgroup memory (and rlimit_as for Python) per run
-    pids: int = 64  # processes and threads per run (cgroup pids, rlimit nproc)
-    tmp_mb: int = 64  # size of the run's /tmp
-    file_mb: int = 64  # largest file a tool may write (rlimit fsize)
-    open_files: int = 256  # rlimit nofile
-    cpu_ms_per_sec: int = 1000  # CPU time per wall second (1000 = one core)
-    log_bytes: int = 64 * 1024  # stdout+stderr kept per run; the rest is dropped
-    output_bytes: int = MAX_OUTPUT_BYTES  # seed 000, Limits: "Output of one run 1 MB"
+    memory_mb: int  # cgroup memory (and rlimit_as for Python) per run
+    pids: int  # processes and threads per run (cgroup pids, rlimit nproc)
+    tmp_mb: int  # size of the run's /tmp
+    file_mb: int  # largest file a tool may write (rlimit fsize)
+    open_files: int  # rlimit nofile
+    cpu_ms_per_sec: int  # CPU time per wall second (1000 = one core)
+    log_bytes: int = MAX_LOG_BYTES  # stdout+stderr kept per run; the rest is dropped
+    output_bytes: int = MAX_OUTPUT_BYTES
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        return cls(
+            memory_mb=settings.memory_mb,
+            pids=settings.pids,
+            tmp_mb=settings.tmp_mb,
+            file_mb=settings.file_mb,
+            open_files=settings.open_files,
+            cpu_ms_per_sec=settings.cpu_ms_per_sec,
+        )
 
 
 @dataclass(frozen=True)
@@ -220,14 +234,14 @@ class Sandbox:
         runtimes: Runtimes,
         cgroups: Cgroups,
         uids: UidPool,
-        limits: Limits | None = None,
+        limits: Limits,
         warm: int = 0,
     ) -> None:
         self.nsjail = nsjail
         self.runtimes = runtimes
         self.cgroups = cgroups
         self.uids = uids
-        self.limits = limits or Limits()
+        self.limits = limits
         self.warm = warm  # jails kept waiting per kind; 0 = start each jail on demand
         self._dir = resource_dir("sandbox")
         # /tmp is the one writable place: noexec (no dropped binary or .so runs from it),

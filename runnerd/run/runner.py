@@ -165,13 +165,13 @@ class Runner:
         *,
         sandbox: Sandbox,
         envs: EnvManager | None = None,
+        checker: Checker,
         validators: Validators | None = None,
-        checker: Checker | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.envs = envs
+        self.checker = checker
         self.validators = validators or Validators()
-        self.checker = checker or Checker()
 
     async def check_input(self, tool: RunnableTool, value: Any, *, key: str) -> CheckedInput:
         """The input as compact JSON, or InputRejected: size, nesting, then schema, in a
