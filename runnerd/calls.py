@@ -277,8 +277,8 @@ class Calls:
         surface: str,
         version_id: str,
         workflow_run_id: str | None,
+        checked: CheckedInput,
         idempotency_key: str | None = None,
-        checked: CheckedInput | None = None,
     ) -> CallResult:
         """Wait for a run slot (or RunQueueFull), admit the run against the budget (its
         row and reservation), then execute it."""

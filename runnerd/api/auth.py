@@ -16,16 +16,14 @@ from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
+from runnerd.access import ROLE_RANK
 from runnerd.api.errors import ApiError
 from runnerd.store import KeyRecord, MembershipRecord, Store
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState
 
-__all__ = ["ROLE_RANK", "SCOPES", "Caller", "authenticate", "caller_of"]
-
-ROLE_RANK = {"viewer": 0, "member": 1, "builder": 2, "admin": 3}
-SCOPES = ("api:read", "tools:run", "apps:write")
+__all__ = ["Caller", "authenticate", "caller_of"]
 
 
 @dataclass(frozen=True)

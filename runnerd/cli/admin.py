@@ -11,13 +11,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from runnerd.access import ROLES, SCOPES
 from runnerd.cli.output import output, settings_from_args
 from runnerd.store import Store
 
 __all__ = ["register_admin"]
-
-ROLES = ("admin", "builder", "member", "viewer")
-SCOPES = ("api:read", "tools:run", "apps:write")
 
 
 # --- serve ------------------------------------------------------------------------------------
@@ -265,7 +263,9 @@ def register_admin(
         p = admin.add_parser(name, parents=[common], help=text)
         p.add_argument("--workspace", required=True, help="workspace id")
         p.add_argument("--email", required=True)
-        p.add_argument("--role", choices=ROLES, default=None if name == "set-role" else "member")
+        p.add_argument(
+            "--role", choices=ROLES[::-1], default=None if name == "set-role" else "member"
+        )
         p.add_argument(
             "--apps-access",
             action=argparse.BooleanOptionalAction,
