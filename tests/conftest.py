@@ -6,11 +6,13 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -22,8 +24,46 @@ from runnerd.store import Store
 from runnerd.upload.bundle import Tool, load_bundle
 from runnerd.upload.toolchain import Toolchain
 
+if TYPE_CHECKING:
+    from daemon import Daemon
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "deal-desk"
+# The console script installed beside the Python running the tests.
+RUNNERD = str(Path(sys.executable).with_name("runnerd"))
+
+
+def run_cli(
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    input: str | None = None,
+    check: bool = False,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """``runnerd ARGS`` as a user runs it: this environment, plus ``env``."""
+    return subprocess.run(
+        [RUNNERD, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        input=input,
+        check=check,
+        timeout=timeout,
+    )
+
+
+def engine_env(engine: Engine) -> dict[str, str]:
+    """The variables that make a local ``runnerd`` command use ``engine``'s data dir,
+    toolchain and sandbox uids."""
+    s = engine.settings
+    return {
+        "RUNNERD_TOOLCHAIN_DIR": str(s.toolchain_path),
+        "RUNNERD_DATA_DIR": str(s.data_dir),
+        "RUNNERD_SANDBOX_UID_BASE": str(s.sandbox_uid_base),
+        "RUNNERD_SANDBOX_UID_COUNT": str(s.sandbox_uid_count),
+    }
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +77,16 @@ def toolchain(toolchain_dir: Path) -> Toolchain:
     chain = Toolchain(toolchain_dir, find_node())
     chain.install()
     return chain
+
+
+@pytest.fixture(scope="module")
+def daemon(request: pytest.FixtureRequest, toolchain_dir: Path) -> Iterator[Daemon]:
+    """A live ``runnerd serve`` for the module, with the module's ``DAEMON_SETTINGS``
+    (setting name -> value) on top of the defaults."""
+    from daemon import running_daemon
+
+    with running_daemon(toolchain_dir, **getattr(request.module, "DAEMON_SETTINGS", {})) as d:
+        yield d
 
 
 @pytest.fixture

@@ -20,10 +20,9 @@ from typing import Any
 
 import httpx
 
+from conftest import RUNNERD
 from runnerd.store import Store
 from runnerd.upload.bundle import read_app_dir
-
-RUNNERD = str(Path(sys.executable).with_name("runnerd"))
 
 
 def envelope(response: httpx.Response, status: int, reason: str | None = None) -> dict[str, Any]:
@@ -75,6 +74,15 @@ class Daemon:
         self.admin_key = admin_key
         self.env = env
         self.http = httpx.Client(base_url=self.url, timeout=60)
+
+    def client_env(self, key: str | None = None) -> dict[str, str]:
+        """The variables of a ``runnerd`` client command talking to this daemon."""
+        return {
+            **self.env,
+            "RUNNERD_URL": self.url,
+            "RUNNERD_API_KEY": key or self.admin_key,
+            "RUNNERD_WORKSPACE": self.workspace_id,
+        }
 
     def store(self) -> Store:
         return Store.in_data_dir(self.data_dir)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +36,6 @@ OFFER = {
     "dealSize": 120000,
     "tier": "enterprise",
 }
-
-
-@pytest.fixture(scope="module")
-def daemon(toolchain_dir: Path) -> Iterator[Daemon]:
-    with running_daemon(toolchain_dir) as d:
-        yield d
 
 
 @pytest.fixture(scope="module")

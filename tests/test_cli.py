@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import EXAMPLE, AppDir
+from conftest import EXAMPLE, AppDir, run_cli
 from runnerd.upload.toolchain import Toolchain
-
-# The console script installed beside the Python running the tests.
-RUNNERD = str(Path(sys.executable).with_name("runnerd"))
 
 
 def runnerd(
     *args: str, toolchain: Toolchain, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RUNNERD_TOOLCHAIN_DIR": str(toolchain.directory), **(env or {})}
-    return subprocess.run(
-        [RUNNERD, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
-    )
+    env = {"RUNNERD_TOOLCHAIN_DIR": str(toolchain.directory), **(env or {})}
+    return run_cli(*args, env=env, cwd=cwd, timeout=60)
 
 
 def test_validate_example_prints_a_summary_of_the_tools(

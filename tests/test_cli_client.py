@@ -5,33 +5,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from conftest import EXAMPLE
-from daemon import RUNNERD, Daemon, running_daemon
-
-
-@pytest.fixture(scope="module")
-def daemon(toolchain_dir: Path) -> Iterator[Daemon]:
-    with running_daemon(toolchain_dir) as d:
-        yield d
+from conftest import EXAMPLE, RUNNERD, run_cli
+from daemon import Daemon
 
 
 def cli(
     d: Daemon, *args: str, key: str | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {
-        **d.env,
-        "RUNNERD_URL": d.url,
-        "RUNNERD_API_KEY": key or d.admin_key,
-        "RUNNERD_WORKSPACE": d.workspace_id,
-    }
-    return subprocess.run(
-        [RUNNERD, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
-    )
+    return run_cli(*args, env=d.client_env(key), cwd=cwd)
 
 
 def test_the_example_from_deploy_to_run(daemon: Daemon) -> None:

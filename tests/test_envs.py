@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLE, make_tool
+from conftest import EXAMPLE, engine_env, make_tool, run_cli
 from runnerd.run.engine import Engine
 from runnerd.run.envs import EnvBuildFailed
 from runnerd.store import Store
 from runnerd.upload.bundle import read_app_dir
 from runnerd.upload.deploy import upload_version
-
-RUNNERD = str(Path(sys.executable).with_name("runnerd"))
 
 
 def test_key_is_ecosystem_runtime_and_sorted_pins(engine: Engine) -> None:
@@ -93,33 +88,16 @@ def test_envs_list_and_prune_through_the_cli(engine: Engine, tmp_path: Path) -> 
     upload_version(store, read_app_dir(app), toolchain=engine.toolchain)
     store.close()
     engine.envs.ensure_sync("python", ("attrs==24.2.0",))  # used by no stored version
-    env = {
-        **os.environ,
-        "RUNNERD_TOOLCHAIN_DIR": str(engine.settings.toolchain_path),
-        "RUNNERD_SANDBOX_UID_BASE": "610000",
-        "RUNNERD_SANDBOX_UID_COUNT": "64",
-    }
+    env = {**engine_env(engine), "RUNNERD_DATA_DIR": str(data)}
     listed = json.loads(
-        subprocess.run(
-            [RUNNERD, "envs", "list", "--json", "--data-dir", str(data)],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=True,
-        ).stdout
+        run_cli("envs", "list", "--json", "--data-dir", str(data), env=env, check=True).stdout
     )
     by_packages = {tuple(e["packages"]): e for e in listed}
     assert by_packages[("six==1.16.0",)]["usedBy"] == ["pk@1/p"]
     assert by_packages[("six==1.16.0",)]["sizeBytes"] > 10_000
     assert by_packages[("attrs==24.2.0",)]["usedBy"] == []
     pruned = json.loads(
-        subprocess.run(
-            [RUNNERD, "envs", "prune", "--json", "--data-dir", str(data)],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=True,
-        ).stdout
+        run_cli("envs", "prune", "--json", "--data-dir", str(data), env=env, check=True).stdout
     )
     assert pruned["removed"] == [by_packages[("attrs==24.2.0",)]["key"]]
     assert engine.envs.ready("python", ("six==1.16.0",)) is not None

@@ -13,14 +13,14 @@ import sqlite3
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from daemon import RUNNERD, Daemon, concurrently, envelope, running_daemon
+from conftest import RUNNERD, run_cli
+from daemon import Daemon, concurrently, envelope, running_daemon
 
 MARKER = "zz-marker-Q7vK2pL9"
 
@@ -63,13 +63,12 @@ def gov_app(root: Path, *, version: str = "1") -> Path:
     return root
 
 
+DAEMON_SETTINGS = {"approval_ttl_s": "600"}
+
+
 @pytest.fixture(scope="module")
-def gov(
-    toolchain_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Daemon, dict[str, Any]]]:
-    with running_daemon(toolchain_dir, approval_ttl_s="600") as d:
-        install = d.ship(gov_app(tmp_path_factory.mktemp("gov")))
-        yield d, install
+def gov(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> tuple[Daemon, dict[str, Any]]:
+    return daemon, daemon.ship(gov_app(tmp_path_factory.mktemp("gov")))
 
 
 def put_secret(d: Daemon, install_id: str, name: str, value: str, key: str | None = None) -> Any:
@@ -164,12 +163,7 @@ def test_cli_sets_a_secret_from_stdin_and_the_key_rotates(
     gov: tuple[Daemon, dict[str, Any]],
 ) -> None:
     d, install = gov
-    env = {
-        **d.env,
-        "RUNNERD_URL": d.url,
-        "RUNNERD_API_KEY": d.admin_key,
-        "RUNNERD_WORKSPACE": d.workspace_id,
-    }
+    env = d.client_env()
     value = "cli-secret-" + "v" * 13
     proc = subprocess.run(
         [RUNNERD, "app", "secrets", "set", "API_TOKEN", "--app", "gov"],
@@ -638,15 +632,10 @@ def test_kill_9_during_a_run_leaves_its_rows_and_the_restart_closes_them(
 
 def test_governance_from_the_cli(gov: tuple[Daemon, dict[str, Any]]) -> None:
     d, _ = gov
-    env = {
-        **d.env,
-        "RUNNERD_URL": d.url,
-        "RUNNERD_API_KEY": d.admin_key,
-        "RUNNERD_WORKSPACE": d.workspace_id,
-    }
+    env = d.client_env()
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([RUNNERD, *args], capture_output=True, text=True, env=env)
+        return run_cli(*args, env=env)
 
     assert cli("app", "budget", "set", "--app", "gov", "--ms", "900000").stdout.startswith(
         "budget 900,000 ms; "

@@ -7,8 +7,6 @@ import asyncio
 import json
 import os
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -17,12 +15,11 @@ from typing import Any
 
 import pytest
 
-from conftest import make_tool, run_tool
+from conftest import engine_env, make_tool, run_cli, run_tool
 from runnerd.run.engine import Engine
 from runnerd.run.runner import RunResult
 
 ORDINARY = "def run(i):\n    return {'ok': True}\n"
-RUNNERD = str(Path(sys.executable).with_name("runnerd"))
 OPEN = {"type": "object"}
 
 # Calls a syscall through libc and reports errno; the jail has no compiler or shell.
@@ -631,20 +628,10 @@ def tool_test(engine: Engine, tmp_path: Path, source: str, ext: str = ".py") -> 
         json.dumps({"name": "probe", "description": "probe", "input": OPEN, "output": OPEN})
     )
     (tmp_path / f"probe{ext}").write_text(source)
-    env = {
-        **os.environ,
-        "RUNNERD_TOOLCHAIN_DIR": str(engine.settings.toolchain_path),
-        "RUNNERD_DATA_DIR": str(engine.settings.data_dir),
-        "RUNNERD_SANDBOX_UID_BASE": str(engine.settings.sandbox_uid_base),
-        "RUNNERD_SANDBOX_UID_COUNT": str(engine.settings.sandbox_uid_count),
-    }
-    proc = subprocess.run(
-        [RUNNERD, "tool", "test", str(tmp_path / "probe.tool.yaml"), "--input", "{}", "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    proc = run_cli(
+        "tool", "test", str(tmp_path / "probe.tool.yaml"), "--input", "{}", "--json",
+        env=engine_env(engine),
+    )  # fmt: skip
     result = json.loads(proc.stdout)
     assert result["status"] == "succeeded", result["error"]
     output: dict[str, Any] = result["output"]

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import AppDir
-from daemon import RUNNERD, Daemon, HealthProbe, envelope, running_daemon
+from conftest import AppDir, run_cli
+from daemon import Daemon, HealthProbe, envelope
 
 # The slowest /healthz answer allowed while an attack is under way.
 HEALTH_MS = 50.0
@@ -36,10 +36,7 @@ def tool_doc(name: str, *, input: Any = OPEN, output: Any = OPEN, **extra: Any) 
     return json.dumps({**doc, **extra})
 
 
-@pytest.fixture(scope="module")
-def daemon(toolchain_dir: Path) -> Iterator[Daemon]:
-    with running_daemon(toolchain_dir, check_budget_ms=str(BUDGET_MS)) as d:
-        yield d
+DAEMON_SETTINGS = {"check_budget_ms": str(BUDGET_MS)}
 
 
 @pytest.fixture
@@ -87,23 +84,7 @@ Cli = Callable[..., subprocess.CompletedProcess[str]]
 def cli(daemon: Daemon) -> Cli:
     """``runnerd ARGS`` with the daemon's data dir, toolchain and uids, and its URL, admin
     key and workspace for the client commands."""
-    base = {
-        **daemon.env,
-        "RUNNERD_URL": daemon.url,
-        "RUNNERD_API_KEY": daemon.admin_key,
-        "RUNNERD_WORKSPACE": daemon.workspace_id,
-    }
-
-    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [RUNNERD, *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**base, **(env or {})},
-        )
-
-    return run
+    return lambda *args, env=None: run_cli(*args, env={**daemon.client_env(), **(env or {})})
 
 
 def no_traceback(proc: subprocess.CompletedProcess[str]) -> None:

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import EXAMPLE
+from conftest import EXAMPLE, engine_env, run_cli
 from runnerd.run.engine import Engine
-
-RUNNERD = str(Path(sys.executable).with_name("runnerd"))
 
 CASES: list[tuple[str, str, list[str], Any]] = [
     ("sync_py", ".py", [], "def run(input):\n    return {'n': input['n'] * 2}\n"),
@@ -52,15 +48,7 @@ CASES: list[tuple[str, str, list[str], Any]] = [
 def cli(
     engine: Engine, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    full = {
-        **os.environ,
-        "RUNNERD_TOOLCHAIN_DIR": str(engine.settings.toolchain_path),
-        "RUNNERD_DATA_DIR": str(engine.settings.data_dir),
-        "RUNNERD_SANDBOX_UID_BASE": "610000",
-        "RUNNERD_SANDBOX_UID_COUNT": "64",
-        **(env or {}),
-    }
-    return subprocess.run([RUNNERD, *args], capture_output=True, text=True, env=full, timeout=300)
+    return run_cli(*args, env={**engine_env(engine), **(env or {})}, timeout=300)
 
 
 def write_tool(folder: Path, name: str, ext: str, packages: list[str], source: str) -> Path:
