@@ -14,6 +14,8 @@ import pytest
 from conftest import EXAMPLE
 from daemon import Daemon, concurrently, envelope, running_daemon
 
+pytestmark = pytest.mark.jail
+
 SEED_TOOL_FIELDS = [
     "reference",
     "name",

@@ -8,6 +8,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from conftest import EXAMPLE, AppDir, run_cli
 from runnerd.upload.toolchain import Toolchain
 
@@ -74,6 +76,7 @@ def test_bad_config_file_is_named(toolchain: Toolchain, tmp_path: Path) -> None:
     assert f"{config}: unknown setting(s) prot" in proc.stderr
 
 
+@pytest.mark.jail
 def test_doctor_checks_the_machine_and_runs_a_tool(toolchain: Toolchain, tmp_path: Path) -> None:
     data = Path(tempfile.mkdtemp(prefix="runnerd-doctor-", dir="/tmp"))
     data.chmod(0o711)
@@ -87,6 +90,7 @@ def test_doctor_checks_the_machine_and_runs_a_tool(toolchain: Toolchain, tmp_pat
     assert checks["root"]["ok"] and checks["nsjail"]["ok"]
 
 
+@pytest.mark.jail
 def test_doctor_fails_without_a_usable_python(toolchain: Toolchain, tmp_path: Path) -> None:
     proc = runnerd(
         "doctor",

@@ -7,8 +7,12 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import EXAMPLE, RUNNERD, run_cli
 from daemon import Daemon
+
+pytestmark = pytest.mark.jail
 
 
 def cli(

@@ -15,6 +15,8 @@ from runnerd.store import Store
 from runnerd.upload.bundle import read_app_dir
 from runnerd.upload.deploy import upload_version
 
+pytestmark = [pytest.mark.jail, pytest.mark.network]
+
 
 def test_key_is_ecosystem_runtime_and_sorted_pins(engine: Engine) -> None:
     a = engine.envs.key("python", ["b==1.0", "a==2.0"])

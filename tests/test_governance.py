@@ -22,6 +22,8 @@ import pytest
 from conftest import RUNNERD, run_cli
 from daemon import Daemon, concurrently, envelope, running_daemon
 
+pytestmark = pytest.mark.jail
+
 MARKER = "zz-marker-Q7vK2pL9"
 
 

@@ -92,7 +92,7 @@ def run(i):
         return {'error': type(e).__name__}
 """
 
-pytestmark = pytest.mark.usefixtures("contained")
+pytestmark = [pytest.mark.jail, pytest.mark.usefixtures("contained")]
 
 
 # --- reading what is not the tool's ---------------------------------------------------------

@@ -25,6 +25,8 @@ import pytest
 from conftest import AppDir, run_cli
 from daemon import Daemon, HealthProbe, envelope
 
+pytestmark = pytest.mark.jail
+
 # The slowest /healthz answer allowed while an attack is under way.
 HEALTH_MS = 50.0
 BUDGET_MS = 500  # the daemon's check budget in this module (settings: check_budget_ms)
@@ -551,6 +553,7 @@ SECRET = "sk_live_Q7w9ZpX2vT"
 
 LEAKS = """
 import base64, os, urllib.parse
+
 def run(i):
     s = os.environ['API_KEY']
     forms = [s, s[::-1], s.upper(), s.lower(), s.encode().hex(), s.encode().hex().upper(),

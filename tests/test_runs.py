@@ -15,6 +15,8 @@ from conftest import make_tool, run_tool
 from runnerd.run.engine import Engine
 from runnerd.run.runner import InputRejected
 
+pytestmark = pytest.mark.jail
+
 OBJ = {"type": "object"}
 ADD_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -53,12 +55,14 @@ def test_every_language_and_module_kind_succeeds(engine: Engine, ext: str, sourc
     assert result.duration_ms > 0
 
 
+@pytest.mark.network
 def test_pinned_pypi_package(engine: Engine) -> None:
     source = "import attrs\n\ndef run(input):\n    return {'v': attrs.__version__}\n"
     tool = make_tool(engine, source, packages=("attrs==24.2.0",))
     assert run_tool(engine, tool).output == {"v": "24.2.0"}
 
 
+@pytest.mark.network
 def test_pinned_npm_package(engine: Engine) -> None:
     source = (
         "import { z } from 'zod'\n"
@@ -72,6 +76,7 @@ def test_pinned_npm_package(engine: Engine) -> None:
     assert run_tool(engine, tool, {"n": 1.5}).output == {"ok": False}
 
 
+@pytest.mark.network
 def test_tools_with_the_same_packages_share_one_env(engine: Engine) -> None:
     one = make_tool(
         engine,

@@ -12,6 +12,8 @@ import pytest
 from conftest import EXAMPLE, engine_env, run_cli
 from runnerd.run.engine import Engine
 
+pytestmark = pytest.mark.jail
+
 CASES: list[tuple[str, str, list[str], Any]] = [
     ("sync_py", ".py", [], "def run(input):\n    return {'n': input['n'] * 2}\n"),
     (
@@ -72,7 +74,10 @@ def write_tool(folder: Path, name: str, ext: str, packages: list[str], source: s
     return folder / f"{name}.tool.yaml"
 
 
-@pytest.mark.parametrize(("name", "ext", "packages", "source"), CASES)
+@pytest.mark.parametrize(
+    ("name", "ext", "packages", "source"),
+    [pytest.param(*case, marks=[pytest.mark.network] if case[2] else []) for case in CASES],
+)
 def test_every_kind_of_tool_succeeds(
     engine: Engine, tmp_path: Path, name: str, ext: str, packages: list[str], source: str
 ) -> None:
