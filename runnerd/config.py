@@ -41,6 +41,9 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Outside uids/gids for runs: [base, base + count), one per concurrent run.
     sandbox_uid_base: int = 200_000
     sandbox_uid_count: int = 1_000
+    # Lock files of the outside uids in use, host-wide: every runnerd on the host (each
+    # daemon, each `tool test`) claims a uid here, so no two live jails ever share one.
+    uid_lock_dir: Path = Path("/run/runnerd/uids")
     # Per-run limits (docs/SECURITY.md lists them all).
     memory_mb: int = 512
     pids: int = 64
@@ -132,7 +135,7 @@ def load_settings(
         merged.update(layer)
     merged.update(_from_env(env))
     merged.update({k: v for k, v in (flags or {}).items() if v is not None})
-    for key in ("data_dir", "toolchain_dir", "cache_dir", "secrets_key_file"):
+    for key in ("data_dir", "toolchain_dir", "cache_dir", "secrets_key_file", "uid_lock_dir"):
         if merged.get(key) is not None:
             merged[key] = str(Path(str(merged[key])).expanduser())
     try:

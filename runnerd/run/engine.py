@@ -62,7 +62,7 @@ def build_engine(settings: Settings, *, warm: int = 0) -> Engine:
         nsjail=find_nsjail(settings.nsjail),
         runtimes=runtimes,
         cgroups=cgroups,
-        uids=UidPool(data / "run" / "uids", settings.sandbox_uid_base, settings.sandbox_uid_count),
+        uids=UidPool(settings.uid_lock_dir, settings.sandbox_uid_base, settings.sandbox_uid_count),
         limits=limits,
         warm=warm,
     )

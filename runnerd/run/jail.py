@@ -145,7 +145,8 @@ class Outcome:
 
 
 class UidPool:
-    """Outside uids for jails, one per live jail, across processes (file locks)."""
+    """Outside uids for jails, one per live jail, across processes (a lock file per uid,
+    in a host-wide folder, so daemons with overlapping ranges never share a uid)."""
 
     def __init__(self, lock_dir: Path, base: int, count: int) -> None:
         if base < 1000:
@@ -246,7 +247,8 @@ class Sandbox:
         self._dir = resource_dir("sandbox")
         # /tmp is the one writable place: noexec (no dropped binary or .so runs from it),
         # nosuid, nodev. The nsjail command line cannot say those flags; a config can.
-        self._jail_config = uids.lock_dir.parent / "jail-tmp.cfg"
+        # Named by what it holds, so daemons sharing the folder never disagree about it.
+        self._jail_config = uids.lock_dir.parent / f"jail-tmp-{self.limits.tmp_mb}mb.cfg"
         _write_atomic(self._jail_config, _tmp_mount(self.limits.tmp_mb))
         self._ready: dict[JailKind, deque[_Jail]] = {}
         self._filling: set[JailKind] = set()
