@@ -10,6 +10,7 @@ import asyncio
 import base64
 import binascii
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -29,6 +30,7 @@ from runnerd.api.wire import (
     Problem,
     SwitchBody,
     VersionInfo,
+    wire_view,
 )
 from runnerd.constants import (
     MAX_MANIFEST_BYTES,
@@ -62,18 +64,8 @@ def _version_info(store: Store, v: VersionRecord) -> VersionInfo:
     )
 
 
-def _install_info(i: InstallRecord) -> InstallInfo:
-    return InstallInfo(
-        install_id=i.id,
-        workspace_id=i.workspace_id,
-        app_id=i.app_id,
-        app_slug=i.app_slug,
-        version_id=i.version_id,
-        version=i.version,
-        previous_version_id=i.previous_version_id,
-        created_at=i.created_at,
-        updated_at=i.updated_at,
-    )
+def _install_info(i: InstallRecord) -> msgspec.Struct:
+    return wire_view(InstallInfo, i, id="install_id")
 
 
 def _owned_app(store: Store, slug: str, workspace_id: str) -> AppRecord:

@@ -31,6 +31,7 @@ from runnerd.api.wire import (
     SecretBody,
     SecretInfo,
     SecretList,
+    wire_view,
 )
 from runnerd.calls import Who
 from runnerd.store import ApprovalRow, InstallRecord, RunRow
@@ -210,7 +211,7 @@ async def get_audit(request: Request, state: AppState) -> Response:
         after_seq=cursor,
         limit=limit,
     )
-    data = [AuditInfo(**{k: getattr(e, k) for k in e.__struct_fields__}) for e in entries]
+    data = [wire_view(AuditInfo, e) for e in entries]
     next_cursor = str(entries[-1].seq) if len(entries) == limit else None
     return json_response(AuditList(data=data, next_cursor=next_cursor))
 

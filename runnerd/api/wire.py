@@ -6,9 +6,13 @@ Field names are camelCase on the wire (seed 003). These types are also what
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
+
+from runnerd.store import AuditEntry, InstallRecord
+
+T = TypeVar("T")
 
 __all__ = [
     "AppInfo",
@@ -33,6 +37,35 @@ Surface = Literal["app", "chat", "relay", "workflow", "api", "cli", "test"]
 
 class _Wire(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     pass
+
+
+def _wire_of(
+    record: type[msgspec.Struct], name: str, *, renamed: dict[str, str] | None = None
+) -> type[msgspec.Struct]:
+    """The wire type of a store record: the same fields, types and defaults, defined once
+    (by the record), camelCase on the wire, some fields under another name."""
+    fields = [
+        (
+            (renamed or {}).get(f.name, f.name),
+            f.type,
+            msgspec.field(default_factory=f.default_factory)
+            if f.default_factory is not msgspec.NODEFAULT
+            else f.default,
+        )
+        for f in msgspec.structs.fields(record)
+    ]
+    return msgspec.defstruct(
+        name, fields, bases=(_Wire,), module=__name__, rename="camel", forbid_unknown_fields=True
+    )
+
+
+def wire_view(kind: type[T], record: msgspec.Struct, **renamed: str) -> T:
+    """``record`` as its wire type ``kind`` (made by _wire_of; ``renamed``: record field ->
+    wire field)."""
+    values = msgspec.structs.asdict(record)
+    for old, new in renamed.items():
+        values[new] = values.pop(old)
+    return kind(**values)
 
 
 class ToolInfo(_Wire):
@@ -121,20 +154,12 @@ class SwitchBody(_Wire):
     version: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 
 
-class InstallInfo(_Wire):
-    install_id: str
-    workspace_id: str
-    app_id: str
-    app_slug: str
-    version_id: str
-    version: str
-    previous_version_id: str | None
-    created_at: str
-    updated_at: str
+# An install as the API shows it: the store's record, camelCase, id as installId.
+InstallInfo = _wire_of(InstallRecord, "InstallInfo", renamed={"id": "install_id"})
 
 
 class InstallList(_Wire):
-    data: list[InstallInfo]
+    data: list[InstallInfo]  # type: ignore[valid-type]  # a type made by _wire_of
 
 
 class ErrorBody(_Wire, omit_defaults=True):
@@ -211,26 +236,12 @@ class LedgerList(_Wire):
     data: list[LedgerRow]
 
 
-class AuditInfo(_Wire):
-    seq: int
-    id: str
-    at: str
-    action: str
-    workspace_id: str | None = None
-    actor_user_id: str | None = None
-    actor_key_id: str | None = None
-    install_id: str | None = None
-    version_id: str | None = None
-    tool: str | None = None
-    surface: str | None = None
-    status: str | None = None
-    duration_ms: int | None = None
-    reason: str | None = None
-    detail: dict[str, Any] = {}
+# One audit entry as the API shows it: the store's entry, camelCase.
+AuditInfo = _wire_of(AuditEntry, "AuditInfo")
 
 
 class AuditList(_Wire):
-    data: list[AuditInfo]
+    data: list[AuditInfo]  # type: ignore[valid-type]  # a type made by _wire_of
     next_cursor: str | None = None
 
 
