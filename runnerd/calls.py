@@ -37,7 +37,8 @@ __all__ = [
     "ToolNotFound",
 ]
 
-# Surfaces whose write calls wait for a person's approval (seed 000, *Calling a tool*).
+# Surfaces whose write calls wait for a person's approval: chat asks the person, a relay
+# waits under its rules.
 APPROVAL_SURFACES = ("chat", "relay")
 
 
@@ -283,20 +284,35 @@ class Calls:
         """Wait for a run slot (or RunQueueFull), admit the run against the budget (its
         row and reservation), then execute it."""
         async with self.gate.admit():
-            run_id = self.store.start_run(
-                install=install,
-                tool=tool.name,
-                user_id=who.user_id,
-                surface=surface,
-                timeout_ms=tool.timeout_ms,
-                version_id=version_id,
-                workflow_run_id=workflow_run_id,
-            )
+            run_id = self._start_run(install, tool, who, surface, version_id, workflow_run_id)
             if idempotency_key is not None:
                 self.store.settle_idempotency_key(who.user_id, idempotency_key, run_id)
             return await self._execute(
                 run_id, install, tool, value, version_id, who.key_id, checked
             )
+
+    def _start_run(
+        self,
+        install: InstallRecord,
+        tool: ToolRecord,
+        who: Who,
+        surface: str,
+        version_id: str,
+        workflow_run_id: str | None,
+        approval_id: str | None = None,
+    ) -> str:
+        """The one place a run starts: its row, and its reservation against the budget
+        (BudgetExhausted when the month is spent). From then on the run always ends."""
+        return self.store.start_run(
+            install=install,
+            tool=tool.name,
+            user_id=who.user_id,
+            surface=surface,
+            timeout_ms=tool.timeout_ms,
+            version_id=version_id,
+            workflow_run_id=workflow_run_id,
+            approval_id=approval_id,
+        )
 
     async def _execute(
         self,
@@ -438,14 +454,13 @@ class Calls:
         install = self.store.get_install(decided.install_id)
         assert install is not None
         tool = self.tool(install, decided.tool, decided.version_id)
-        run_id = self.store.start_run(
-            install=install,
-            tool=tool.name,
-            user_id=held.who.user_id,
-            surface=decided.surface,
-            timeout_ms=tool.timeout_ms,
-            version_id=decided.version_id,
-            workflow_run_id=held.workflow_run_id,
+        run_id = self._start_run(
+            install,
+            tool,
+            held.who,
+            decided.surface,
+            decided.version_id,
+            held.workflow_run_id,
             approval_id=approval_id,
         )
         self.store.attach_run(approval_id, run_id)

@@ -1,6 +1,9 @@
 """Settings: one object, built from defaults < config file (TOML) < ``RUNNERD_*`` env < flags.
 
-Built once by the CLI and passed down explicitly; nothing else reads the environment.
+Built once by the CLI and passed down explicitly. Settings are the only reader of the
+``RUNNERD_*`` variables, but for the client commands' own ``RUNNERD_URL``,
+``RUNNERD_API_KEY`` and ``RUNNERD_WORKSPACE`` (cli/client.py). Every tunable default lives
+here; fixed limits live in constants.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Every limit and default of runnerd in one place, each with where it comes from.
+"""Every fixed limit of runnerd in one place, each with the rule it comes from.
 
-"seed 000" is the product document on code tools (shared/seeds/000_*.txt);
-its field table and its *Limits* table are the source of the numbers below.
+These are the product's rules for code tools (the tool file's fields, the app's limits,
+a call's limits); tunable values live in config.Settings instead.
 """
 
 from typing import Final
@@ -9,25 +9,25 @@ from typing import Final
 KB: Final = 1024
 MB: Final = 1024 * KB
 
-# --- Files an app ships (seed 000, *Files*, field table and *Limits*) ------------------
+# --- Files an app ships ---------------------------------------------------------------------
 
-MANIFEST_NAME: Final = "agentserve.app.yaml"  # seed 000, *Files*
-TOOL_SUFFIX: Final = ".tool.yaml"  # seed 000: "<name>.tool.yaml describes the tool"
-MAX_TOOLS_PER_APP: Final = 50  # seed 000, Limits: "Tools per app 50"
-MAX_SOURCE_BYTES: Final = 512 * KB  # seed 000, Limits: "Source file 512 KB"
-MAX_SCHEMA_BYTES: Final = 32 * KB  # seed 000, Limits: "input or output schema 32 KB each"
-MAX_PACKAGES: Final = 50  # seed 000, field table: packages "At most 50"
-MAX_NAME_CHARS: Final = 40  # seed 000, field table: name "at most 40 characters"
-MAX_DESCRIPTION_CHARS: Final = 1024  # seed 000, field table: description "up to 1,024"
-MIN_TIMEOUT_MS: Final = 1_000  # seed 000, field table: timeoutMs "1,000 to 300,000"
+MANIFEST_NAME: Final = "agentserve.app.yaml"  # the app manifest, at the app's root
+TOOL_SUFFIX: Final = ".tool.yaml"  # <name>.tool.yaml describes the tool <name>
+MAX_TOOLS_PER_APP: Final = 50  # an app ships at most 50 tools
+MAX_SOURCE_BYTES: Final = 512 * KB  # a tool's source file is at most 512 KB
+MAX_SCHEMA_BYTES: Final = 32 * KB  # the input and the output schema are 32 KB each at most
+MAX_PACKAGES: Final = 50  # a tool lists at most 50 packages
+MAX_NAME_CHARS: Final = 40  # a tool name is at most 40 characters
+MAX_DESCRIPTION_CHARS: Final = 1024  # a description is at most 1,024 characters
+MIN_TIMEOUT_MS: Final = 1_000  # timeoutMs is 1,000 to 300,000, including the sandbox start
 MAX_TIMEOUT_MS: Final = 300_000  # same row
 DEFAULT_TIMEOUT_MS: Final = 30_000  # same row: "Defaults to 30,000"
-DEFAULT_EFFECT: Final = "read"  # seed 000, field table: effect "read (default)"
+DEFAULT_EFFECT: Final = "read"  # a tool reads unless its file says effect: write
 # A tool file is a few KB of YAML; anything far larger is a mistake, not a tool.
 MAX_TOOL_YAML_BYTES: Final = 256 * KB  # runnerd: two 32 KB schemas plus generous room
 MAX_MANIFEST_BYTES: Final = 64 * KB  # runnerd: a manifest is a handful of lines
 
-# Source extensions and the language each one is (seed 000, *Files*).
+# Source extensions and the language each one is.
 SOURCE_LANGUAGES: Final[dict[str, str]] = {
     ".ts": "typescript",
     ".mts": "typescript",
@@ -36,10 +36,10 @@ SOURCE_LANGUAGES: Final[dict[str, str]] = {
     ".py": "python",
 }
 
-# --- Calls (seed 000, *Limits*) -----------------------------------------------------------
+# --- Calls ---------------------------------------------------------------------------------
 
-MAX_INPUT_BYTES: Final = 256 * KB  # seed 000, Limits: "Input of one call 256 KB"
-MAX_OUTPUT_BYTES: Final = 1 * MB  # seed 000, Limits: "Output of one run 1 MB"
+MAX_INPUT_BYTES: Final = 256 * KB  # a call's input is at most 256 KB
+MAX_OUTPUT_BYTES: Final = 1 * MB  # a run's output is at most 1 MB
 # runnerd: JSON nesting (inputs, outputs, request bodies) and YAML nesting (tool and app
 # files). Decoders and validators recurse once per level; deeper is refused unread.
 MAX_JSON_DEPTH: Final = 128
@@ -48,7 +48,7 @@ MAX_ERROR_CHARS: Final = 8 * KB
 # runnerd: a run's stdout and stderr kept (for builders: `tool test`); the rest is dropped.
 MAX_LOG_BYTES: Final = 64 * KB
 
-# --- Daemon defaults (shared/DESIGN.md, *Contract*) ---------------------------------------
+# --- Where the daemon listens and keeps its data, unless configured ---------------------------
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 8686

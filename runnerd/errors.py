@@ -75,7 +75,7 @@ class VersionExists(RunnerdError):
 class BudgetExhausted(RunnerdError):
     """The install's monthly budget is spent; refused before any sandbox starts."""
 
-    reason, status = "budget_exhausted", 403  # the seed's own spelling
+    reason, status = "budget_exhausted", 403  # lowercase: the wire reason apps already know
 
     def __init__(self, install_id: str, resets_at: str) -> None:
         self.install_id = install_id

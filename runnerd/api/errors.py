@@ -1,4 +1,4 @@
-"""The error envelope of seed 003, built in exactly one place.
+"""The error envelope, ``{"error": {"code", "message", "details"?}}``, built in one place.
 
 Every error from every route is ``{"error": {"code", "message", "details"?}}``. The HTTP
 status is an attribute of the error; domain errors are mapped to it here and nowhere
@@ -17,7 +17,8 @@ from runnerd.errors import RunnerdError
 
 __all__ = ["ApiError", "code_for_status", "error_response", "from_domain"]
 
-# code -> (HTTP status, default message), from seed 003 plus what the management API adds.
+# code -> (HTTP status, default message): the List App Tools codes, plus what the
+# management API adds (405, 409).
 CODES: dict[str, tuple[int, str]] = {
     "BAD_REQUEST": (400, "Invalid request"),
     "UNAUTHORIZED": (401, "Authentication required"),
@@ -80,7 +81,7 @@ def error_response(error: ApiError) -> Response:
 
 
 def code_for_status(status: int) -> str:
-    """The envelope code of an HTTP status (BAD_REQUEST for one the seed does not list)."""
+    """The envelope code of an HTTP status (BAD_REQUEST for one not listed)."""
     return _BY_STATUS.get(status, "BAD_REQUEST")
 
 

@@ -1,4 +1,4 @@
-"""The two seed endpoints: list the tools of a workspace's installs, and run one."""
+"""List the tools of a workspace's installs, and run one (by install or by reference)."""
 
 from __future__ import annotations
 

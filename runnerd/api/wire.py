@@ -1,6 +1,6 @@
 """Wire types: every request and response body of the HTTP API, as msgspec Structs.
 
-Field names are camelCase on the wire (seed 003). These types are also what
+Field names are camelCase on the wire, as List App Tools answers them. These types are also what
 ``schemas/openapi.json`` is generated from.
 """
 
@@ -69,7 +69,7 @@ def wire_view(kind: type[T], record: msgspec.Struct, **renamed: str) -> T:
 
 
 class ToolInfo(_Wire):
-    """One tool, at the version its install runs (seed 003, List App Tools)."""
+    """One tool, at the version its install runs (List App Tools)."""
 
     reference: str  # app-slug/tool_name
     name: str

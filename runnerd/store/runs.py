@@ -17,7 +17,7 @@ from runnerd.errors import BudgetExhausted
 from runnerd.store.audit import AuditStore
 from runnerd.store.records import InstallRecord, new_id, utc_now
 
-LEDGER_KIND_TOOL = "app-tool"  # seed 000: "recorded in the usage ledger as app-tool"
+LEDGER_KIND_TOOL = "app-tool"  # the usage ledger's kind for a tool run's sandbox time
 
 
 def month_of(stamp: str) -> str:

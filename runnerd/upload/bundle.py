@@ -1,9 +1,10 @@
 """Read an app: its manifest, the tool files its globs name, and each tool's one source.
 
 ``read_app_dir`` gathers the files of an app folder into a bundle (path -> bytes), the
-same mapping a deploy uploads. ``load_bundle`` checks a bundle against every rule of
-seed 000 and returns the checked ``Bundle``, or raises ``BundleRejected`` listing every
-problem found, each with its file and, where there is one, its line.
+same mapping a deploy uploads. ``load_bundle`` checks a bundle against every rule of the
+manifest, the tool files and the sources, and returns the checked ``Bundle``, or raises
+``BundleRejected`` listing every problem found, each with its file and, where there is
+one, its line.
 """
 
 from __future__ import annotations
