@@ -69,7 +69,7 @@ def wire_view(kind: type[T], record: msgspec.Struct, **renamed: str) -> T:
 
 
 class ToolInfo(_Wire):
-    """One tool, at the version its install runs (List App Tools)."""
+    """One tool, at the version its install runs (seed 003, List App Tools)."""
 
     reference: str  # app-slug/tool_name
     name: str
