@@ -96,6 +96,8 @@ def store(tmp_path: Path) -> Iterator[Store]:
     db.close()
 
 
+OPEN_SCHEMA: dict[str, Any] = {"type": "object"}
+
 TOOL_YAML = """\
 name: {name}
 description: Adds one to n.
@@ -141,6 +143,46 @@ class AppDir:
         self.write(f"tools/{name}{ext}", source if source is not None else default)
 
 
+def tool_doc(
+    name: str,
+    *,
+    description: str = "a test tool",
+    input: Any = None,
+    output: Any = None,
+    **fields: Any,
+) -> str:
+    """A ``<name>.tool.yaml`` with these fields, written as JSON (which YAML reads);
+    input and output default to ``{type: object}``."""
+    doc = {
+        "name": name,
+        "description": description,
+        **fields,
+        "input": OPEN_SCHEMA if input is None else input,
+        "output": OPEN_SCHEMA if output is None else output,
+    }
+    return json.dumps(doc)
+
+
+def write_app(
+    root: Path,
+    slug: str,
+    tools: Mapping[str, str],
+    *,
+    version: str | None = None,
+    docs: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Path:
+    """An app folder: its manifest, and for each tool (name -> Python source) the source
+    and a tool file (tool_doc, with the fields ``docs[name]``)."""
+    app = AppDir(root)
+    line = f"version: '{version}'\n" if version is not None else ""
+    app.write(
+        "agentserve.app.yaml", f"slug: {slug}\nname: {slug.title()}\n{line}tools: ./tools/*\n"
+    )
+    for name, source in tools.items():
+        app.tool(name, yaml=tool_doc(name, **(docs or {}).get(name, {})), source=source)
+    return root
+
+
 @pytest.fixture
 def make_app(tmp_path: Path) -> Callable[..., AppDir]:
     """A factory of app folders with a manifest (slug ``demo``) and no tools yet."""
@@ -157,8 +199,6 @@ def make_app(tmp_path: Path) -> Callable[..., AppDir]:
 
 
 # --- the run machinery: one engine per test session, real nsjail ------------------------------
-
-OPEN_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conftest import EXAMPLE
+from conftest import EXAMPLE, write_app
 from daemon import Daemon, concurrently, envelope, running_daemon
 
 pytestmark = pytest.mark.jail
@@ -47,28 +47,19 @@ def install(daemon: Daemon) -> dict[str, Any]:
 
 def versioned_app(root: Path, version: str, *, extra: str = "") -> Path:
     """An app whose tool `which` reports its version, after sleeping input.ms."""
-    (root / "tools").mkdir(parents=True, exist_ok=True)
-    (root / "agentserve.app.yaml").write_text(
-        f"slug: versioned\nname: Versioned\nversion: '{version}'\ntools: ./tools/*\n"
-    )
-    (root / "tools" / "which.tool.yaml").write_text(
-        json.dumps(
-            {
-                "name": "which",
-                "description": "Says which version runs.",
-                "timeoutMs": 20000,
-                "input": {"type": "object", "properties": {"ms": {"type": "integer"}}},
-                "output": {"type": "object", "required": ["version"]},
-            }
-        )
-    )
-    (root / "tools" / "which.py").write_text(
+    source = (
         "import time\n"
         + extra
         + "def run(i):\n    time.sleep(i.get('ms', 0) / 1000)\n"
         + f"    return {{'version': '{version}'}}\n"
     )
-    return root
+    which = {
+        "description": "Says which version runs.",
+        "timeoutMs": 20000,
+        "input": {"type": "object", "properties": {"ms": {"type": "integer"}}},
+        "output": {"type": "object", "required": ["version"]},
+    }
+    return write_app(root, "versioned", {"which": source}, version=version, docs={"which": which})
 
 
 # --- health -----------------------------------------------------------------------------------
@@ -188,25 +179,14 @@ def test_run_answers_200_with_the_five_fields(daemon: Daemon, install: dict[str,
 
 
 def test_failed_and_timed_out_runs_are_200_too(daemon: Daemon, tmp_path: Path) -> None:
-    root = tmp_path / "bad"
-    (root / "tools").mkdir(parents=True)
-    (root / "agentserve.app.yaml").write_text("slug: crashy\nname: Crashy\ntools: ./tools/*\n")
-    for name, body, timeout in (
-        ("boom", "    raise KeyError('missing')\n", 5000),
-        ("spin", "    while True:\n        pass\n", 1000),
-    ):
-        (root / "tools" / f"{name}.tool.yaml").write_text(
-            json.dumps(
-                {
-                    "name": name,
-                    "description": "d",
-                    "timeoutMs": timeout,
-                    "input": {"type": "object"},
-                    "output": {"type": "object"},
-                }
-            )
-        )
-        (root / "tools" / f"{name}.py").write_text(f"def run(i):\n{body}")
+    root = write_app(
+        tmp_path / "bad",
+        "crashy",
+        {"boom": "def run(i):\n    raise KeyError('missing')\n",
+         "spin": "def run(i):\n    while True:\n        pass\n"},
+        docs={"boom": {"description": "d", "timeoutMs": 5000},
+              "spin": {"description": "d", "timeoutMs": 1000}},
+    )  # fmt: skip
     installed = daemon.ship(root)
     boom = daemon.run(installed["installId"], "boom", {})
     assert boom.status_code == 200
@@ -460,20 +440,7 @@ def test_unexpected_error_is_500_without_a_stack(toolchain_dir: Path, tmp_path: 
 
 
 def test_warm_jails_serve_one_call_each_and_leave_nothing(daemon: Daemon, tmp_path: Path) -> None:
-    root = tmp_path / "warm"
-    (root / "tools").mkdir(parents=True)
-    (root / "agentserve.app.yaml").write_text("slug: warm\nname: Warm\ntools: ./tools/*\n")
-    (root / "tools" / "mark.tool.yaml").write_text(
-        json.dumps(
-            {
-                "name": "mark",
-                "description": "d",
-                "input": {"type": "object"},
-                "output": {"type": "object"},
-            }
-        )
-    )
-    (root / "tools" / "mark.py").write_text(
+    mark = (
         "import os, time\n"
         "def run(i):\n"
         "    seen = os.path.exists('/tmp/mark')\n"
@@ -483,6 +450,7 @@ def test_warm_jails_serve_one_call_each_and_leave_nothing(daemon: Daemon, tmp_pa
         "        time.sleep(600)\n"
         "    return {'seen': seen, 'uid': os.getuid()}\n"
     )
+    root = write_app(tmp_path / "warm", "warm", {"mark": mark}, docs={"mark": {"description": "d"}})
     iid = daemon.ship(root)["installId"]
     outputs = [daemon.run(iid, "mark", {}).json()["output"] for _ in range(4)]
     assert outputs == [{"seen": False, "uid": 1000}] * 4

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import RUNNERD, run_cli
+from conftest import RUNNERD, run_cli, write_app
 from daemon import Daemon, concurrently, envelope, running_daemon
 
 pytestmark = pytest.mark.jail
@@ -30,10 +30,6 @@ MARKER = "zz-marker-Q7vK2pL9"
 def gov_app(root: Path, *, version: str = "1") -> Path:
     """Tools: `echo` reads its secret and echoes input; `send` is a write tool;
     `slow` sleeps input.ms."""
-    (root / "tools").mkdir(parents=True, exist_ok=True)
-    (root / "agentserve.app.yaml").write_text(
-        f"slug: gov\nname: Gov\nversion: '{version}'\ntools: ./tools/*\n"
-    )
     tools = {
         "echo": (
             "read",
@@ -48,21 +44,12 @@ def gov_app(root: Path, *, version: str = "1") -> Path:
             "    return {'slept': i.get('ms', 0)}\n",
         ),
     }
-    for name, (effect, source) in tools.items():
-        (root / "tools" / f"{name}.tool.yaml").write_text(
-            json.dumps(
-                {
-                    "name": name,
-                    "description": f"the {name} tool",
-                    "effect": effect,
-                    "timeoutMs": 20000,
-                    "input": {"type": "object"},
-                    "output": {"type": "object"},
-                }
-            )
-        )
-        (root / "tools" / f"{name}.py").write_text(source)
-    return root
+    docs = {
+        name: {"description": f"the {name} tool", "effect": effect, "timeoutMs": 20000}
+        for name, (effect, _) in tools.items()
+    }
+    sources = {name: source for name, (_, source) in tools.items()}
+    return write_app(root, "gov", sources, version=version, docs=docs)
 
 
 DAEMON_SETTINGS = {"approval_ttl_s": "600"}

@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 
-from conftest import engine_env, make_tool, run_cli, run_tool
+from conftest import engine_env, make_tool, run_cli, run_tool, tool_doc
 from runnerd.run.engine import Engine
 from runnerd.run.runner import RunResult
 
 ORDINARY = "def run(i):\n    return {'ok': True}\n"
-OPEN = {"type": "object"}
 
 # Calls a syscall through libc and reports errno; the jail has no compiler or shell.
 SYSCALL = """
@@ -648,9 +647,7 @@ def tool_test(engine: Engine, tmp_path: Path, source: str, ext: str = ".py") -> 
     """Run ``source`` as a tool with `runnerd tool test --json` (the real CLI and jail);
     its output, which the tool returns on success."""
     tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))
-    (tmp_path / "probe.tool.yaml").write_text(
-        json.dumps({"name": "probe", "description": "probe", "input": OPEN, "output": OPEN})
-    )
+    (tmp_path / "probe.tool.yaml").write_text(tool_doc("probe"))
     (tmp_path / f"probe{ext}").write_text(source)
     proc = run_cli(
         "tool", "test", str(tmp_path / "probe.tool.yaml"), "--input", "{}", "--json",

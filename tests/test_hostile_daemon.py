@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import AppDir, run_cli
+from conftest import AppDir, run_cli, tool_doc
 from daemon import Daemon, HealthProbe, envelope
 
 pytestmark = pytest.mark.jail
@@ -30,12 +30,6 @@ pytestmark = pytest.mark.jail
 # The slowest /healthz answer allowed while an attack is under way.
 HEALTH_MS = 50.0
 BUDGET_MS = 500  # the daemon's check budget in this module (settings: check_budget_ms)
-OPEN = {"type": "object"}
-
-
-def tool_doc(name: str, *, input: Any = OPEN, output: Any = OPEN, **extra: Any) -> str:
-    doc = {"name": name, "description": "a hostile test tool", "input": input, "output": output}
-    return json.dumps({**doc, **extra})
 
 
 DAEMON_SETTINGS = {"check_budget_ms": str(BUDGET_MS)}

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from conftest import EXAMPLE, engine_env, run_cli
+from conftest import EXAMPLE, engine_env, run_cli, tool_doc
 from runnerd.run.engine import Engine
 
 pytestmark = pytest.mark.jail
@@ -55,19 +55,14 @@ def cli(
 
 def write_tool(folder: Path, name: str, ext: str, packages: list[str], source: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
+    doubles = {"type": "object", "required": ["n"], "properties": {"n": {"type": "number"}}}
     (folder / f"{name}.tool.yaml").write_text(
-        json.dumps(
-            {
-                "name": name,
-                "description": "doubles n",
-                "packages": packages,
-                "input": {
-                    "type": "object",
-                    "required": ["n"],
-                    "properties": {"n": {"type": "number"}},
-                },
-                "output": {"type": "object", "properties": {"n": {"type": "number"}}},
-            }
+        tool_doc(
+            name,
+            description="doubles n",
+            packages=packages,
+            input=doubles,
+            output={"type": "object", "properties": {"n": {"type": "number"}}},
         )
     )
     (folder / f"{name}{ext}").write_text(source)
