@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -137,16 +138,8 @@ async def delete_secret(request: Request, state: AppState) -> Response:
 # --- budgets ----------------------------------------------------------------------------------
 
 
-def _budget_info(state: AppState, install_id: str) -> BudgetInfo:
-    b = state.store.budget(install_id)
-    return BudgetInfo(
-        install_id=install_id,
-        month=b.month,
-        monthly_ms=b.monthly_ms,
-        used_ms=b.used_ms,
-        reserved_ms=b.reserved_ms,
-        resets_at=b.resets_at,
-    )
+def _budget_info(state: AppState, install_id: str) -> msgspec.Struct:
+    return wire_view(BudgetInfo, state.store.budget(install_id))
 
 
 async def get_budget(request: Request, state: AppState) -> Response:

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
-from runnerd.store import AuditEntry, InstallRecord
+from runnerd.store import AuditEntry, BudgetStatus, InstallRecord
 
 T = TypeVar("T")
 
@@ -206,13 +206,8 @@ class BudgetBody(_Wire):
     monthly_ms: Annotated[int, msgspec.Meta(ge=0, le=2**53)] | None
 
 
-class BudgetInfo(_Wire):
-    install_id: str
-    month: str
-    monthly_ms: int | None
-    used_ms: int
-    reserved_ms: int
-    resets_at: str
+# An install's budget this month as the API shows it: the store's status, camelCase.
+BudgetInfo = _wire_of(BudgetStatus, "BudgetInfo")
 
 
 class LedgerRow(_Wire):
