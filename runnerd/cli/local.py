@@ -1,0 +1,453 @@
+"""The local commands: they work on a folder or this machine, with no daemon.
+
+``app validate``, ``tool test``, ``envs list|prune``, ``doctor``, ``toolchain
+install|status``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from runnerd.cli.output import printable, read_input
+from runnerd.config import Settings, load_settings
+from runnerd.constants import MANIFEST_NAME, TOOL_SUFFIX
+from runnerd.errors import BundleRejected, Problem
+from runnerd.run.engine import Engine, build_engine
+from runnerd.run.envs import EnvBuildFailed
+from runnerd.run.jail import SandboxUnavailable
+from runnerd.run.runner import InputRejected
+from runnerd.run.runtimes import find_node
+from runnerd.store import Store
+from runnerd.upload.bundle import Bundle, load_bundle, read_app_dir, read_tool_files
+from runnerd.upload.toolchain import Toolchain, ToolchainError
+
+__all__ = ["register_local"]
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(
+        config_file=getattr(args, "config", None),
+        flags={"data_dir": getattr(args, "data_dir", None)},
+    )
+
+
+def _toolchain(settings: Settings) -> Toolchain:
+    return Toolchain(settings.toolchain_path, find_node(settings.node))
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+
+
+def _problem_dicts(problems: Sequence[Problem]) -> list[dict[str, Any]]:
+    return [msgspec.to_builtins(p) for p in problems]
+
+
+# --- app validate ---------------------------------------------------------------------------
+
+
+def _tool_summary(bundle: Bundle) -> list[dict[str, Any]]:
+    return [
+        {
+            "reference": f"{bundle.manifest.slug}/{t.name}",
+            "name": t.name,
+            "language": t.language,
+            "effect": t.effect,
+            "timeoutMs": t.timeout_ms,
+            "packages": list(t.packages),
+            "source": t.source_path,
+        }
+        for t in bundle.tools
+    ]
+
+
+def cmd_app_validate(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    root = Path(args.dir)
+    if not root.is_dir():
+        print(f"runnerd: {root}: not a folder", file=sys.stderr)
+        return 2
+    try:
+        bundle = load_bundle(read_app_dir(root), toolchain=_toolchain(settings))
+    except BundleRejected as exc:
+        if args.json:
+            _print_json({"ok": False, "problems": _problem_dicts(exc.problems)})
+        else:
+            for problem in exc.problems:
+                print(printable(f"{_at(root, problem)}: {problem.message}"))
+            count = len(exc.problems)
+            print(f"\n{count} problem{'s' if count != 1 else ''}; the app would be refused.")
+        return 1
+    manifest = bundle.manifest
+    if args.json:
+        _print_json(
+            {
+                "ok": True,
+                "app": {"slug": manifest.slug, "name": manifest.name, "version": manifest.version},
+                "tools": _tool_summary(bundle),
+                "warnings": _problem_dicts(bundle.warnings),
+                "contentHash": bundle.content_hash,
+            }
+        )
+        return 0
+    for warning in bundle.warnings:
+        print(printable(f"warning: {_at(root, warning)}: {warning.message}"))
+    version = f" version {manifest.version}" if manifest.version else ""
+    count = len(bundle.tools)
+    print(
+        f"{manifest.slug} ({manifest.name}){version}: {count} tool{'s' if count != 1 else ''}, "
+        "all checks passed"
+    )
+    width = max(len(t.name) for t in bundle.tools)
+    for tool in bundle.tools:
+        pkgs = f"  {', '.join(tool.packages)}" if tool.packages else ""
+        print(
+            f"  {tool.name:<{width}}  {tool.language:<10}  {tool.effect:<5}  "
+            f"{tool.timeout_ms:>6} ms{pkgs}"
+        )
+    return 0
+
+
+def _at(root: Path, problem: Problem) -> str:
+    path = root / problem.file
+    return f"{path}:{problem.line}" if problem.line else str(path)
+
+
+# --- tool test ------------------------------------------------------------------------------
+
+
+def _local_tool_files(path: Path) -> tuple[Path, dict[str, bytes]]:
+    """The one-tool bundle of ``path`` (a <name>.tool.yaml or its source file)."""
+    name = path.name
+    stem = name[: -len(TOOL_SUFFIX)] if name.endswith(TOOL_SUFFIX) else path.stem
+    return path.parent, read_tool_files(path.parent, stem)
+
+
+def _secrets(pairs: list[str]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:  # --secret NAME: the value comes from this process's environment
+            if name not in os.environ:
+                raise ValueError(f"--secret {name}: no environment variable {name} to read")
+            value = os.environ[name]
+        found[name] = value
+    return found
+
+
+def _refused(args: argparse.Namespace, exc: InputRejected) -> int:
+    if args.json:
+        _print_json({"error": {"code": exc.code, "message": str(exc), "pointer": exc.pointer}})
+    else:
+        print(f"refused ({exc.code}): {exc}", file=sys.stderr)
+    return 1
+
+
+def cmd_tool_test(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    path = Path(args.path)
+    if not path.is_file():
+        print(f"runnerd: {path}: no such tool file", file=sys.stderr)
+        return 2
+    try:
+        value = read_input(args.input)
+        secrets = _secrets(args.secret or [])
+    except InputRejected as exc:
+        return _refused(args, exc)
+    except (ValueError, OSError) as exc:
+        print(f"runnerd: --input/--secret: {exc}", file=sys.stderr)
+        return 2
+    engine = build_engine(settings)
+    if engine.cgroups.warning:
+        print(engine.cgroups.warning, file=sys.stderr)
+    folder = path.parent
+    try:
+        folder, files = _local_tool_files(path)
+        bundle = load_bundle(files, toolchain=engine.toolchain)
+        [tool] = bundle.tools
+        if tool.packages:
+            engine.envs.ensure_sync(tool.language, tool.packages)
+        result = asyncio.run(engine.runner.run(tool, value, secrets=secrets))
+    except BundleRejected as exc:
+        for problem in exc.problems:
+            if problem.file != MANIFEST_NAME:
+                print(printable(f"{_at(folder, problem)}: {problem.message}"), file=sys.stderr)
+        return 1
+    except InputRejected as exc:
+        return _refused(args, exc)
+    except (EnvBuildFailed, SandboxUnavailable) as exc:
+        print(f"runnerd: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json(
+            {
+                "status": result.status,
+                "output": result.output,
+                "error": result.error,
+                "durationMs": result.duration_ms,
+                "logs": result.logs,
+                "logsTruncated": result.logs_truncated,
+            }
+        )
+    else:
+        print(f"{result.status} in {result.duration_ms} ms")
+        if result.output is not None:
+            print(printable(json.dumps(result.output, indent=2, ensure_ascii=False)))
+        if result.error:
+            print(printable(f"error: {result.error}"))
+        if result.logs:
+            print("--- logs" + (" (truncated)" if result.logs_truncated else ""))
+            print(printable(result.logs.rstrip("\n")))
+    return 0 if result.status == "succeeded" else 1
+
+
+# --- envs -----------------------------------------------------------------------------------
+
+
+def cmd_envs_list(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    engine = build_engine(settings)
+    store = Store.in_data_dir(settings.data_dir)
+    users = _env_users(engine, store)
+    envs = engine.envs.list()
+    if args.json:
+        _print_json(
+            [
+                {
+                    "key": e.key,
+                    "ecosystem": e.ecosystem,
+                    "runtime": e.runtime,
+                    "packages": list(e.packages),
+                    "sizeBytes": e.size_bytes,
+                    "builtAt": e.built_at,
+                    "usedBy": users.get(e.key, []),
+                }
+                for e in envs
+            ]
+        )
+        return 0
+    if not envs:
+        print("no package environments")
+    for env in envs:
+        used = ", ".join(users.get(env.key, [])) or "unused"
+        print(f"{env.key}  {env.size_bytes / 1e6:7.1f} MB  {' '.join(env.packages)}")
+        print(f"    used by: {used}")
+    return 0
+
+
+def _env_users(engine: Engine, store: Store) -> dict[str, list[str]]:
+    users: dict[str, list[str]] = {}
+    for version, tool in store.tools_with_packages():
+        try:
+            key = engine.envs.key(tool.language, tool.packages)
+        except EnvBuildFailed:
+            continue
+        users.setdefault(key, []).append(f"{version.app_slug}@{version.version}/{tool.name}")
+    return users
+
+
+def cmd_envs_prune(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    engine = build_engine(settings)
+    users = _env_users(engine, Store.in_data_dir(settings.data_dir))
+    removed = []
+    for env in engine.envs.list():
+        if env.key not in users:
+            engine.envs.remove(env.key)
+            removed.append(env.key)
+    if args.json:
+        _print_json({"removed": removed})
+    else:
+        print(f"removed {len(removed)} unused environment{'s' if len(removed) != 1 else ''}")
+        for key in removed:
+            print(f"  {key}")
+    return 0
+
+
+# --- toolchain ------------------------------------------------------------------------------
+
+
+def cmd_toolchain_install(args: argparse.Namespace) -> int:
+    toolchain = _toolchain(_settings(args))
+    try:
+        toolchain.install()
+    except ToolchainError as exc:
+        print(f"runnerd: {exc}", file=sys.stderr)
+        return 1
+    print(f"toolchain ready in {toolchain.directory}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check this machine can run tools: root, nsjail, cgroups, runtimes, the toolchain,
+    and one real run of a trivial tool in each language."""
+    settings = _settings(args)
+    checks: list[dict[str, Any]] = []
+
+    def check(name: str, ok: bool, detail: str, required: bool = True) -> None:
+        checks.append({"check": name, "ok": ok, "detail": detail, "required": required})
+
+    check(
+        "root",
+        os.geteuid() == 0,
+        "runs map to unprivileged uids, which needs root"
+        if os.geteuid() != 0
+        else "running as root",
+    )
+    try:
+        engine = build_engine(settings)
+    except (SandboxUnavailable, OSError) as exc:
+        check("data dir", False, str(exc))
+        engine = None
+    if engine is not None:
+        nsjail = engine.sandbox.nsjail
+        check("nsjail", os.access(nsjail, os.X_OK), nsjail)
+        check(
+            "cgroups",
+            engine.cgroups.enabled,
+            engine.cgroups.warning or engine.cgroups.mode,
+            required=False,
+        )
+        rt = engine.runtimes
+        check(
+            "python",
+            rt.python is not None,
+            f"{rt.python.executable} {rt.python.version}" if rt.python else "not found",
+        )
+        check(
+            "node",
+            rt.node is not None,
+            f"{rt.node.path} {rt.node.version}" if rt.node else "not found",
+            required=False,
+        )
+        check(
+            "toolchain",
+            engine.toolchain.is_installed(),
+            str(engine.toolchain.directory),
+            required=False,
+        )
+        trials = [("python", ".py", "def run(i):\n    return {'ok': True}\n")]
+        if rt.node is not None and engine.toolchain.is_installed():
+            trials.append(("typescript", ".ts", "export const run = () => ({ ok: true })\n"))
+        for language, ext, source in trials:
+            check(
+                f"{language} run", *_trial_run(engine, ext, source), required=language == "python"
+            )
+    failed = [c for c in checks if c["required"] and not c["ok"]]
+    if args.json:
+        _print_json({"ok": not failed, "checks": checks})
+    else:
+        for c in checks:
+            mark = "ok  " if c["ok"] else ("FAIL" if c["required"] else "warn")
+            print(f"{mark} {c['check']:<16} {c['detail']}")
+    return 1 if failed else 0
+
+
+def _trial_run(engine: Engine, ext: str, source: str) -> tuple[bool, str]:
+    doc = {
+        "name": "doctor",
+        "description": "a trial run",
+        "input": {"type": "object"},
+        "output": {"type": "object"},
+    }
+    files = {
+        MANIFEST_NAME: b"slug: doctor\nname: Doctor\ntools: ./*\n",
+        f"doctor{TOOL_SUFFIX}": json.dumps(doc).encode(),
+        f"doctor{ext}": source.encode(),
+    }
+    try:
+        [tool] = load_bundle(files, toolchain=engine.toolchain).tools
+        result = asyncio.run(engine.runner.run(tool, {}))
+    except (BundleRejected, SandboxUnavailable) as exc:
+        return False, str(exc)
+    if result.status != "succeeded":
+        return False, f"{result.status}: {result.error}"
+    return True, f"succeeded in {result.duration_ms} ms in a fresh sandbox"
+
+
+def cmd_toolchain_status(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    toolchain = _toolchain(settings)
+    status = {
+        "node": toolchain.node.path if toolchain.node else None,
+        "nodeVersion": toolchain.node.version if toolchain.node else None,
+        "toolchainDir": str(toolchain.directory),
+        "installed": toolchain.is_installed(),
+    }
+    if args.json:
+        _print_json(status)
+    else:
+        for key, value in status.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+# --- parser ---------------------------------------------------------------------------------
+
+
+def register_local(groups: Any, common: argparse.ArgumentParser) -> Any:
+    """Add the local commands to the CLI's parser; the ``app`` group's subparsers (the
+    client commands add theirs to it)."""
+    app = groups.add_parser("app", help="work with an app's tools").add_subparsers(
+        dest="command", required=True, metavar="COMMAND"
+    )
+    validate = app.add_parser(
+        "validate", parents=[common], help="check an app folder locally, with no daemon"
+    )
+    validate.add_argument("dir", nargs="?", default=".", help="the app folder (default .)")
+    validate.set_defaults(func=cmd_app_validate)
+
+    tool = groups.add_parser("tool", help="run one tool locally").add_subparsers(
+        dest="command", required=True, metavar="COMMAND"
+    )
+    test = tool.add_parser(
+        "test",
+        parents=[common],
+        help="run one tool from a local folder "
+        "in the real sandbox, with the server's checks, no daemon",
+    )
+    test.add_argument("path", help="the tool's <name>.tool.yaml (or its source file)")
+    test.add_argument("--input", required=True, help="the input: JSON text, @FILE, or - for stdin")
+    test.add_argument(
+        "--secret",
+        action="append",
+        metavar="NAME[=VALUE]",
+        help="a secret for the run; NAME alone reads the value from the "
+        "environment variable NAME (keeps it off the command line)",
+    )
+    test.set_defaults(func=cmd_tool_test)
+
+    envs = groups.add_parser("envs", help="package environments").add_subparsers(
+        dest="command", required=True, metavar="COMMAND"
+    )
+    envs.add_parser(
+        "list", parents=[common], help="environments, their size and users"
+    ).set_defaults(func=cmd_envs_list)
+    envs.add_parser(
+        "prune", parents=[common], help="remove environments no version uses"
+    ).set_defaults(func=cmd_envs_prune)
+
+    groups.add_parser(
+        "doctor", parents=[common], help="check this machine can run tools (and run one)"
+    ).set_defaults(func=cmd_doctor)
+
+    tc = groups.add_parser("toolchain", help="the JS/TS toolchain used at upload").add_subparsers(
+        dest="command", required=True, metavar="COMMAND"
+    )
+    tc.add_parser(
+        "install", parents=[common], help="install esbuild and the lexers with npm"
+    ).set_defaults(func=cmd_toolchain_install)
+    tc.add_parser("status", parents=[common], help="show Node and the toolchain").set_defaults(
+        func=cmd_toolchain_status
+    )
+
+    return app
