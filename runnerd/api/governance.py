@@ -213,21 +213,7 @@ async def get_audit(request: Request, state: AppState) -> Response:
 
 
 def _approval_info(a: ApprovalRow) -> ApprovalInfo:
-    return ApprovalInfo(
-        approval_id=a.id,
-        workspace_id=a.workspace_id,
-        install_id=a.install_id,
-        version_id=a.version_id,
-        tool=a.tool,
-        surface=a.surface,
-        requested_by=a.requested_by,
-        status=a.status,  # type: ignore[arg-type]
-        created_at=a.created_at,
-        expires_at=a.expires_at,
-        decided_by=a.decided_by,
-        decided_at=a.decided_at,
-        run_id=a.run_id,
-    )
+    return wire_view(ApprovalInfo, a, id="approval_id")
 
 
 async def list_approvals(request: Request, state: AppState) -> Response:
@@ -266,23 +252,7 @@ async def deny(request: Request, state: AppState) -> Response:
 
 
 def _run_info(r: RunRow) -> RunInfo:
-    return RunInfo(
-        run_id=r.id,
-        install_id=r.install_id,
-        tool=r.tool,
-        version_id=r.version_id,
-        version=r.version,
-        status=r.status,  # type: ignore[arg-type]
-        duration_ms=r.duration_ms,
-        surface=r.surface,
-        user_id=r.user_id,
-        user_email=r.user_email,
-        started_at=r.started_at,
-        ended_at=r.ended_at,
-        error_kind=r.error_kind,
-        workflow_run_id=r.workflow_run_id,
-        approval_id=r.approval_id,
-    )
+    return wire_view(RunInfo, r, id="run_id")
 
 
 async def get_run(request: Request, state: AppState) -> Response:

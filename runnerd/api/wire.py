@@ -60,12 +60,14 @@ def _wire_of(
 
 
 def wire_view(kind: type[T], record: msgspec.Struct, **renamed: str) -> T:
-    """``record`` as its wire type ``kind`` (made by _wire_of; ``renamed``: record field ->
-    wire field)."""
+    """``record`` as the wire type ``kind``: the fields ``kind`` has (a wire type may show
+    less than the store holds, such as no input hash), ``renamed`` from record field to
+    wire field. Values are not checked again: they come from the store."""
     values = msgspec.structs.asdict(record)
     for old, new in renamed.items():
         values[new] = values.pop(old)
-    return kind(**values)
+    fields: tuple[str, ...] = kind.__struct_fields__  # type: ignore[attr-defined]
+    return kind(**{name: values[name] for name in fields if name in values})
 
 
 class ToolInfo(_Wire):
