@@ -14,6 +14,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from runnerd import egress
 from runnerd.api.auth import Caller, caller_of
 from runnerd.api.errors import ApiError
 from runnerd.api.ops import Op, Param, json_response, read_body
@@ -24,6 +25,8 @@ from runnerd.api.wire import (
     AppList,
     DeployBody,
     DeployResult,
+    EgressBody,
+    EgressGrant,
     InstallBody,
     InstallInfo,
     InstallList,
@@ -61,6 +64,7 @@ def _version_info(store: Store, v: VersionRecord) -> VersionInfo:
         created_at=v.created_at,
         tools=list(v.tool_names),
         published_at=store.published_at(v.id),
+        egress=list(v.egress),
     )
 
 
@@ -219,6 +223,52 @@ async def rollback_install(request: Request, state: AppState) -> Response:
     return json_response(_install_info(rolled))
 
 
+def _egress_grant(store: Store, install: InstallRecord) -> EgressGrant:
+    return EgressGrant(
+        install_id=install.id,
+        requested=list(store.requested_egress(install.version_id)),
+        granted=list(install.egress),
+    )
+
+
+async def show_egress(request: Request, state: AppState) -> Response:
+    caller = caller_of(request, state, "api:read")
+    user_id = caller.need_person()
+    install = state.store.get_install(request.path_params["installId"])
+    if install is None or state.store.membership(install.workspace_id, user_id) is None:
+        raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
+    caller.member(state.store, install.workspace_id, role="viewer")
+    return json_response(_egress_grant(state.store, install))
+
+
+async def narrow_egress(request: Request, state: AppState) -> Response:
+    install, caller = _install_for_admin(request, state)
+    body = await read_body(request, EgressBody, SMALL_BODY)
+    requested = [egress.parse(e) for e in state.store.requested_egress(install.version_id)]
+    granted: dict[str, None] = {}
+    for i, entry in enumerate(body.egress):
+        try:
+            wanted = egress.parse(entry)
+        except egress.EgressError as exc:
+            raise ApiError(
+                "BAD_REQUEST",
+                f"egress[{i}]: {exc}",
+                details={"code": "INVALID_EGRESS", "field": f"egress[{i}]"},
+            ) from None
+        if not any(egress.covers(asked, wanted) for asked in requested):
+            raise ApiError(
+                "BAD_REQUEST",
+                f"egress[{i}]: {wanted} is not among what version {install.version} asks "
+                "for; a grant can only narrow the version's egress",
+                details={"code": "EGRESS_NOT_REQUESTED", "field": f"egress[{i}]"},
+            )
+        granted[str(wanted)] = None
+    narrowed = state.store.narrow_egress(
+        install.id, tuple(granted), user_id=caller.user_id, key_id=caller.key.id
+    )
+    return json_response(_egress_grant(state.store, narrowed))
+
+
 _INSTALL_ID = Param("installId", "The install.", required=True, max_length=64, where="path")
 _SLUG = Param("appSlug", "The app's slug.", required=True, max_length=64, where="path")
 
@@ -289,6 +339,27 @@ OPS = [
         InstallInfo,
         body=SwitchBody,
         params=(_INSTALL_ID,),
+    ),
+    Op(
+        "GET",
+        "/api/v2/apps/installs/{installId}/egress",
+        "showEgress",
+        "What an install may reach: requested by its version, granted to it",
+        show_egress,
+        EgressGrant,
+        params=(_INSTALL_ID,),
+    ),
+    Op(
+        "PUT",
+        "/api/v2/apps/installs/{installId}/egress",
+        "narrowEgress",
+        "Narrow an install's egress grant (never beyond what its version asks for)",
+        narrow_egress,
+        EgressGrant,
+        body=EgressBody,
+        params=(_INSTALL_ID,),
+        description="Admins only. Each destination must be covered by the installed "
+        "version's egress list; installing or switching grants that list again.",
     ),
     Op(
         "POST",

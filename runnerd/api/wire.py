@@ -128,6 +128,7 @@ class VersionInfo(_Wire):
     created_at: str
     tools: list[str]
     published_at: str | None = None
+    egress: list[str] = []  # the destinations this version asks to reach
 
 
 class DeployResult(_Wire):
@@ -150,6 +151,21 @@ class AppList(_Wire):
 class InstallBody(_Wire):
     app_slug: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
     version: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+
+
+_Destination = Annotated[str, msgspec.Meta(min_length=1, max_length=260)]
+
+
+class EgressBody(_Wire):
+    egress: Annotated[list[_Destination], msgspec.Meta(max_length=100)]
+
+
+class EgressGrant(_Wire):
+    """What an install may reach: its version asks, the install grants (as much or less)."""
+
+    install_id: str
+    requested: list[str]
+    granted: list[str]
 
 
 class SwitchBody(_Wire):

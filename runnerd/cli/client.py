@@ -142,6 +142,26 @@ def cmd_publish(args: argparse.Namespace, client: ApiClient) -> int:
 
 def _print_install(i: dict[str, Any], verb: str) -> None:
     print(f"{verb} {i['appSlug']} version {i['version']}: install {i['installId']}")
+    granted = i.get("egress") or []
+    print(f"egress granted: {', '.join(granted)}" if granted else "egress granted: none")
+
+
+def _print_egress(grant: dict[str, Any]) -> None:
+    print(f"requested by the version: {', '.join(grant['requested']) or 'none'}")
+    print(f"granted to the install:   {', '.join(grant['granted']) or 'none'}")
+
+
+def cmd_egress_show(args: argparse.Namespace, client: ApiClient) -> int:
+    grant = client.call("GET", f"/api/v2/apps/installs/{_install_id(args, client)}/egress")
+    return output(args, grant, lambda: _print_egress(grant))
+
+
+def cmd_egress_set(args: argparse.Namespace, client: ApiClient) -> int:
+    install_id = _install_id(args, client)
+    grant = client.call(
+        "PUT", f"/api/v2/apps/installs/{install_id}/egress", body={"egress": args.destination}
+    )
+    return output(args, grant, lambda: _print_egress(grant))
 
 
 def cmd_install(args: argparse.Namespace, client: ApiClient) -> int:
@@ -460,6 +480,24 @@ def register_client(
     install_args(p)
     p.add_argument("name")
     p.set_defaults(func=_client_command(cmd_secret_delete))
+
+    egress = app.add_parser(
+        "egress", help="what the app's install may reach on the network"
+    ).add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+    p = egress.add_parser(
+        "show", parents=[common, client], help="the destinations requested and granted"
+    )
+    install_args(p)
+    p.set_defaults(func=_client_command(cmd_egress_show))
+    p = egress.add_parser(
+        "set",
+        parents=[common, client],
+        help="narrow the grant to these destinations (none: no network); never beyond what "
+        "the installed version asks for",
+    )
+    install_args(p)
+    p.add_argument("destination", nargs="*", help="such as api.stripe.com or *.slack.com:443")
+    p.set_defaults(func=_client_command(cmd_egress_set))
 
     budget = app.add_parser("budget", help="monthly budget of the app's install").add_subparsers(
         dest="subcommand", required=True, metavar="COMMAND"

@@ -63,6 +63,7 @@ class AppsStore(AuditStore):
                     "manifest": manifest.text,
                     "content_hash": bundle.content_hash,
                     "created_at": now,
+                    "egress": json.dumps(list(manifest.egress)),
                 }
             )
             self.db.table("tools").insert_all(_tool_row(version_id, t) for t in bundle.tools)
@@ -88,6 +89,7 @@ class AppsStore(AuditStore):
             content_hash=bundle.content_hash,
             tool_names=tuple(t.name for t in bundle.tools),
             created_at=now,
+            egress=manifest.egress,
         )
 
     def _app_row(self, slug: str) -> dict[str, Any] | None:
@@ -180,9 +182,12 @@ class AppsStore(AuditStore):
             ).fetchone()
             if row is None:
                 install_id = new_id("inst")
+                granted = self._requested_egress(version_id)
                 self.db.execute(
-                    "INSERT INTO installs VALUES (?, ?, ?, ?, NULL, ?, ?, ?)",
-                    [install_id, workspace_id, app_id, version_id, user_id, now, now],
+                    """INSERT INTO installs (id, workspace_id, app_id, version_id,
+                       previous_version_id, created_by, created_at, updated_at, egress)
+                       VALUES (?, ?, ?, ?, NULL, ?, ?, ?, ?)""",
+                    [install_id, workspace_id, app_id, version_id, user_id, now, now, granted],
                 )
                 self._append_audit(
                     "app.install",
@@ -191,6 +196,7 @@ class AppsStore(AuditStore):
                     version_id=version_id,
                     actor_user_id=user_id,
                     actor_key_id=key_id,
+                    detail={"egress": json.loads(granted)},
                 )
             else:
                 install_id = row[0]
@@ -208,10 +214,11 @@ class AppsStore(AuditStore):
         key_id: str | None,
         action: str = "app.switch",
     ) -> None:
+        granted = self._requested_egress(version_id)
         cur = self.db.execute(
             """UPDATE installs SET previous_version_id = version_id, version_id = ?,
-               updated_at = ? WHERE id = ? AND version_id != ?""",
-            [version_id, now, install_id, version_id],
+               updated_at = ?, egress = ? WHERE id = ? AND version_id != ?""",
+            [version_id, now, granted, install_id, version_id],
         )
         if cur.rowcount:
             ws = self.db.execute(
@@ -224,7 +231,47 @@ class AppsStore(AuditStore):
                 version_id=version_id,
                 actor_user_id=user_id,
                 actor_key_id=key_id,
+                detail={"egress": json.loads(granted)},
             )
+
+    def _requested_egress(self, version_id: str) -> str:
+        """A version's egress list (JSON): what installing or switching to it grants."""
+        row = self.db.execute(
+            "SELECT egress FROM app_versions WHERE id = ?", [version_id]
+        ).fetchone()
+        return str(row[0]) if row else "[]"
+
+    def requested_egress(self, version_id: str) -> tuple[str, ...]:
+        """The destinations a stored version asks to reach."""
+        return tuple(json.loads(self._requested_egress(version_id)))
+
+    def narrow_egress(
+        self,
+        install_id: str,
+        granted: tuple[str, ...],
+        *,
+        user_id: str | None = None,
+        key_id: str | None = None,
+    ) -> InstallRecord:
+        """Set an install's grant (the caller has checked it stays within what its
+        version asks for), and audit it."""
+        with self._write():
+            self.db.execute(
+                "UPDATE installs SET egress = ?, updated_at = ? WHERE id = ?",
+                [json.dumps(list(granted)), utc_now(), install_id],
+            )
+            found = self.get_install(install_id)
+            assert found is not None
+            self._append_audit(
+                "install.egress",
+                workspace_id=found.workspace_id,
+                install_id=install_id,
+                version_id=found.version_id,
+                actor_user_id=user_id,
+                actor_key_id=key_id,
+                detail={"egress": list(granted)},
+            )
+        return found
 
     def switch_install(
         self,
@@ -257,13 +304,13 @@ class AppsStore(AuditStore):
 
     def get_install(self, install_id: str) -> InstallRecord | None:
         rows = list(self.db.query(_INSTALL_SQL + " WHERE i.id = ?", [install_id]))
-        return InstallRecord(**rows[0]) if rows else None
+        return _install_record(rows[0]) if rows else None
 
     def list_installs(self, workspace_id: str) -> list[InstallRecord]:
         rows = self.db.query(
             _INSTALL_SQL + " WHERE i.workspace_id = ? ORDER BY a.slug", [workspace_id]
         )
-        return [InstallRecord(**r) for r in rows]
+        return [_install_record(r) for r in rows]
 
     def install_of_app(self, workspace_id: str, app_slug: str) -> InstallRecord | None:
         rows = list(
@@ -271,7 +318,7 @@ class AppsStore(AuditStore):
                 _INSTALL_SQL + " WHERE i.workspace_id = ? AND a.slug = ?", [workspace_id, app_slug]
             )
         )
-        return InstallRecord(**rows[0]) if rows else None
+        return _install_record(rows[0]) if rows else None
 
     def installed_tools(
         self, workspace_id: str, install_id: str | None = None
@@ -331,7 +378,7 @@ class AppsStore(AuditStore):
 
 
 _INSTALL_SQL = """SELECT i.id, i.workspace_id, i.app_id, a.slug AS app_slug, i.version_id,
-       v.version, i.previous_version_id, i.created_at, i.updated_at
+       v.version, i.previous_version_id, i.created_at, i.updated_at, i.egress
 FROM installs i JOIN apps a ON a.id = i.app_id JOIN app_versions v ON v.id = i.version_id"""
 
 
@@ -376,6 +423,10 @@ def _tool_record(row: dict[str, Any]) -> ToolRecord:
     )
 
 
+def _install_record(row: dict[str, Any]) -> InstallRecord:
+    return InstallRecord(**{**row, "egress": tuple(json.loads(row["egress"]))})
+
+
 def _version_record(row: dict[str, Any]) -> VersionRecord:
     return VersionRecord(
         id=row["id"],
@@ -386,4 +437,5 @@ def _version_record(row: dict[str, Any]) -> VersionRecord:
         content_hash=row["content_hash"],
         tool_names=tuple(json.loads(row["tool_names"])),
         created_at=row["created_at"],
+        egress=tuple(json.loads(row["egress"])),
     )

@@ -64,6 +64,7 @@ class VersionRecord(msgspec.Struct, frozen=True):
     content_hash: str
     tool_names: tuple[str, ...]
     created_at: str
+    egress: tuple[str, ...] = ()  # the destinations this version asks to reach
 
 
 class WorkspaceRecord(msgspec.Struct, frozen=True):
@@ -108,6 +109,7 @@ class InstallRecord(msgspec.Struct, frozen=True):
     previous_version_id: str | None
     created_at: str
     updated_at: str
+    egress: tuple[str, ...] = ()  # the destinations granted: the version's, or fewer
 
 
 class ToolRecord(msgspec.Struct, frozen=True):

@@ -239,9 +239,17 @@ def _m3_governance(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX runs_by_tool ON runs (install_id, tool, id)")
 
 
+def _m4_egress(db: sqlite_utils.Database) -> None:
+    """What each version asks to reach, and what each install grants (JSON lists of
+    destinations in normal form; empty: no network, as before)."""
+    db.execute("ALTER TABLE app_versions ADD COLUMN egress TEXT NOT NULL DEFAULT '[]'")
+    db.execute("ALTER TABLE installs ADD COLUMN egress TEXT NOT NULL DEFAULT '[]'")
+
+
 # Append only: a migration, once released, never changes.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m1_apps_and_versions,
     _m2_people_installs_runs,
     _m3_governance,
+    _m4_egress,
 ]

@@ -24,6 +24,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from runnerd import constants as C
+from runnerd import egress
 from runnerd.checks.patterns import PatternError, compile_pattern
 from runnerd.checks.schemas import FieldError, SchemaError, check_document, compile_schema
 from runnerd.errors import BundleRejected, Problem
@@ -49,6 +50,7 @@ class Manifest(msgspec.Struct, frozen=True):
     version: str | None
     tools: tuple[str, ...]  # the globs
     text: str  # the manifest file as uploaded
+    egress: tuple[str, ...] = ()  # the destinations asked for, in normal form
 
 
 class Tool(msgspec.Struct, frozen=True):
@@ -445,7 +447,31 @@ def _load_manifest(files: Mapping[str, bytes], problems: list[Problem]) -> Manif
         version=str(version) if version is not None else None,
         tools=tuple(str(g) for g in globs),
         text=text,
+        egress=_egress(tree, problems),
     )
+
+
+def _egress(tree: Any, problems: list[Problem]) -> tuple[str, ...]:
+    """The manifest's egress entries in normal form; each bad or repeated entry is a
+    problem with its line."""
+    found: dict[str, int] = {}
+    for i, entry in enumerate(tree.get("egress") or []):
+        line = _line_of(tree, ("egress", i))
+        try:
+            normal = str(egress.parse(str(entry)))
+        except egress.EgressError as exc:
+            problems.append(Problem(C.MANIFEST_NAME, f"egress[{i}]: {exc}", line))
+            continue
+        if normal in found:
+            problems.append(
+                Problem(
+                    C.MANIFEST_NAME,
+                    f"egress[{i}]: {normal} is listed twice (first as egress[{found[normal]}])",
+                    line,
+                )
+            )
+        found.setdefault(normal, i)
+    return tuple(found)
 
 
 # --- Tools ----------------------------------------------------------------------------------

@@ -1,0 +1,194 @@
+"""Egress grants: the app asks in its manifest, installing grants, an admin narrows.
+
+(The proxy that enforces a grant comes next; until then a jail still has no network.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import AppDir, run_cli, write_app
+from daemon import Daemon, envelope
+from runnerd.egress import EgressError, covers, parse
+
+PY = "def run(i):\n    return {}\n"
+
+
+def egress_app(root: Path, slug: str, egress: list[str], version: str) -> Path:
+    write_app(root, slug, {"call": PY}, version=version)
+    manifest = root / "agentserve.app.yaml"
+    lines = "".join(f"  - '{e}'\n" for e in egress)
+    manifest.write_text(manifest.read_text() + ("egress:\n" + lines if egress else ""))
+    return root
+
+
+# --- the manifest field -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entry", "normal"),
+    [
+        ("api.stripe.com", "api.stripe.com"),
+        ("API.Stripe.com:443", "api.stripe.com:443"),
+        ("*.slack.com", "*.slack.com"),
+        ("198.18.0.2:8080", "198.18.0.2:8080"),
+        ("[2001:DB8::1]:8443", "[2001:db8::1]:8443"),
+        ("2001:db8::1", "[2001:db8::1]"),
+    ],
+)
+def test_destinations_have_one_normal_form(entry: str, normal: str) -> None:
+    assert str(parse(entry)) == normal
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ("https://api.stripe.com", "no scheme"),
+        ("api.stripe.com/v1", "no scheme, path"),
+        ("*.com", "two labels"),
+        ("a.*.b.com", "only a leading"),
+        ("bad_host.com", "not a host name"),
+        ("x.com:0", "1 to 65535"),
+        ("x.com:http", "1 to 65535"),
+        ("[1.2.3.4]", "only an IPv6"),
+    ],
+)
+def test_bad_destinations_say_why(entry: str, why: str) -> None:
+    with pytest.raises(EgressError, match=why):
+        parse(entry)
+
+
+def test_a_grant_covers_only_what_it_names() -> None:
+    assert covers(parse("*.slack.com"), parse("hooks.slack.com:443"))
+    assert not covers(parse("*.slack.com"), parse("slack.com"))
+    assert covers(parse("x.com"), parse("x.com:80"))
+    assert not covers(parse("x.com:443"), parse("x.com"))  # that is 443 and 80
+    assert not covers(parse("x.com"), parse("x.com:8443"))
+    assert not covers(parse("198.18.0.2"), parse("198.18.0.3"))
+
+
+def test_upload_refuses_bad_and_repeated_entries_with_their_line(tmp_path: Path) -> None:
+    root = egress_app(
+        tmp_path / "app", "calls", ["api.stripe.com", "ftp://x", "API.stripe.com"], "1"
+    )
+    proc = run_cli("app", "validate", str(root), "--json")
+    assert proc.returncode == 1
+    problems = json.loads(proc.stdout)["problems"]
+    assert [(p["file"], p["line"]) for p in problems] == [
+        ("agentserve.app.yaml", 7),  # slug, name, version, tools, egress:, then entries
+        ("agentserve.app.yaml", 8),
+    ]
+    assert "no scheme" in problems[0]["message"]
+    assert "listed twice" in problems[1]["message"]
+
+
+def test_the_published_manifest_schema_has_the_field() -> None:
+    schema = json.loads(Path("schemas/agentserve.app.schema.json").read_text())
+    assert schema["properties"]["egress"]["maxItems"] == 100
+
+
+# --- granting, through the daemon --------------------------------------------------------------
+
+
+def _publish(daemon: Daemon, root: Path) -> dict[str, Any]:
+    deployed = daemon.deploy(root)
+    assert deployed.status_code == 201, deployed.text
+    version: dict[str, Any] = deployed.json()["version"]
+    daemon.call(
+        "POST",
+        f"/api/v2/apps/{version['appSlug']}/versions/{version['version']}/publish",
+        daemon.admin_key,
+        params={"workspaceId": daemon.workspace_id},
+    )
+    return version
+
+
+@pytest.mark.jail
+def test_install_grants_the_versions_list_and_an_admin_narrows_it(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    asked = ["api.stripe.com", "*.slack.com", "198.18.0.2:8080"]
+    v1 = _publish(daemon, egress_app(tmp_path / "v1", "caller", asked, "1"))
+    assert v1["egress"] == asked
+    installed = daemon.call(
+        "POST",
+        "/api/v2/apps/installs",
+        daemon.admin_key,
+        params={"workspaceId": daemon.workspace_id},
+        json={"appSlug": "caller", "version": "1"},
+    ).json()
+    assert installed["egress"] == asked
+    iid = installed["installId"]
+    path = f"/api/v2/apps/installs/{iid}/egress"
+    assert daemon.call("GET", path, daemon.admin_key).json() == {
+        "installId": iid,
+        "requested": asked,
+        "granted": asked,
+    }
+
+    narrowed = daemon.call(
+        "PUT", path, daemon.admin_key, json={"egress": ["hooks.slack.com:443", "API.stripe.com"]}
+    )
+    assert narrowed.status_code == 200, narrowed.text
+    assert narrowed.json()["granted"] == ["hooks.slack.com:443", "api.stripe.com"]
+    widened = daemon.call("PUT", path, daemon.admin_key, json={"egress": ["evil.example.com"]})
+    assert "evil.example.com" in envelope(widened, 400, "EGRESS_NOT_REQUESTED")["message"]
+    bad = daemon.call("PUT", path, daemon.admin_key, json={"egress": ["http://x"]})
+    envelope(bad, 400, "INVALID_EGRESS")
+    member = daemon.person("egress-member@example.com", role="member")
+    envelope(daemon.call("PUT", path, member, json={"egress": []}), 403)
+    assert daemon.call("GET", path, member).json()["granted"] == [
+        "hooks.slack.com:443",
+        "api.stripe.com",
+    ]
+
+    # Switching grants the new version's list, whatever was narrowed before.
+    _publish(daemon, egress_app(tmp_path / "v2", "caller", ["api.stripe.com"], "2"))
+    switched = daemon.call(
+        "POST", f"/api/v2/apps/installs/{iid}/switch", daemon.admin_key, json={"version": "2"}
+    ).json()
+    assert switched["egress"] == ["api.stripe.com"]
+
+    audit = daemon.call(
+        "GET", "/api/v2/audit", daemon.admin_key, params={"workspaceId": daemon.workspace_id}
+    ).json()["data"]
+    grants = [(e["action"], e["detail"].get("egress")) for e in audit if e.get("installId") == iid]
+    assert ("app.install", asked) in grants
+    assert ("install.egress", ["hooks.slack.com:443", "api.stripe.com"]) in grants
+    assert ("app.switch", ["api.stripe.com"]) in grants
+
+
+@pytest.mark.jail
+def test_a_version_without_egress_grants_nothing_and_the_cli_says_so(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    root = egress_app(tmp_path / "plain", "plain", [], "1")
+    _publish(daemon, root)
+    env = daemon.client_env()
+    installed = run_cli("app", "install", "--app", "plain", "--version", "1", env=env)
+    assert installed.returncode == 0, installed.stderr
+    assert "egress granted: none" in installed.stdout
+    shown = run_cli("app", "egress", "show", "--app", "plain", "--json", env=env)
+    assert json.loads(shown.stdout)["granted"] == []
+    widened = run_cli("app", "egress", "set", "--app", "plain", "api.stripe.com", env=env)
+    assert widened.returncode == 1 and "EGRESS_NOT_REQUESTED" in widened.stderr
+
+
+@pytest.mark.jail
+def test_the_cli_shows_and_narrows_a_grant(daemon: Daemon, tmp_path: Path) -> None:
+    root = egress_app(tmp_path / "crm", "crm", ["crm.internal:8443", "*.example.org"], "1")
+    app = AppDir(root)
+    assert app.root == root
+    _publish(daemon, root)
+    env = daemon.client_env()
+    installed = run_cli("app", "install", "--app", "crm", "--version", "1", env=env)
+    assert "egress granted: crm.internal:8443, *.example.org" in installed.stdout
+    narrowed = run_cli("app", "egress", "set", "--app", "crm", "api.example.org", env=env)
+    assert narrowed.returncode == 0, narrowed.stderr
+    assert "granted to the install:   api.example.org" in narrowed.stdout
+    shown = run_cli("app", "egress", "show", "--app", "crm", env=env)
+    assert "requested by the version: crm.internal:8443, *.example.org" in shown.stdout
