@@ -200,6 +200,21 @@ def test_patterns_a_linear_engine_cannot_run_are_refused_at_upload(
         assert "linear-time" in found[0]
 
 
+def test_the_largest_bundle_is_checked_and_stored_off_the_event_loop(
+    daemon: Daemon, healthy: HealthProbe
+) -> None:
+    # 50 tools of 500 KB each: decoding, checking and storing 25 MB takes a while; none
+    # of it may hold the event loop.
+    source = b"def run(i):\n    return {}\n# " + b"x" * (500 * 1024) + b"\n"
+    files = {"agentserve.app.yaml": b"slug: largest\nname: Largest\ntools: ./tools/*\n"}
+    for i in range(50):
+        files[f"tools/t{i}.tool.yaml"] = tool_doc(f"t{i}").encode()
+        files[f"tools/t{i}.py"] = source
+    response = deploy_files(daemon, files)
+    assert response.status_code == 201, response.text[:500]
+    assert len(response.json()["version"]["tools"]) == 50
+
+
 # --- 2. manifest globs -------------------------------------------------------------------------
 
 

@@ -123,9 +123,19 @@ async def deploy(request: Request, state: AppState) -> Response:
     existing = state.store.get_app(bundle.manifest.slug)
     if existing is not None:
         _owned_app(state.store, existing.slug, workspace_id)
-    version = state.store.add_version(
-        bundle, workspace_id=workspace_id, user_id=caller.user_id, key_id=caller.key.id
-    )
+
+    def store() -> VersionRecord:
+        # Tens of MB of code in one transaction: in a thread, on a connection of its own
+        # (a connection is not shared between threads; WAL lets both see the commit).
+        own = Store.in_data_dir(state.settings.data_dir)
+        try:
+            return own.add_version(
+                bundle, workspace_id=workspace_id, user_id=caller.user_id, key_id=caller.key.id
+            )
+        finally:
+            own.close()
+
+    version = await asyncio.to_thread(store)
     warnings = [Problem(file=w.file, message=w.message, line=w.line) for w in bundle.warnings]
     return json_response(
         DeployResult(version=_version_info(state.store, version), warnings=warnings), status=201

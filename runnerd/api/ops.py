@@ -78,11 +78,14 @@ _DECODE_INLINE_BYTES = 256 * 1024
 
 
 async def read_body(
-    request: Request, kind: type[Any], limit: int, *, nesting_reason: str = "INVALID_BODY"
+    request: Request, kind: type[Any], limit: int, *, nesting_reason: str | None = None
 ) -> Any:
-    """The request body decoded as ``kind``; 400 when too large, nested deeper than
-    MAX_JSON_DEPTH inside its top-level object (checked before decoding, with
-    ``nesting_reason`` as details.code), or not that shape."""
+    """The request body decoded as ``kind``; 400 when too large, or not that shape.
+
+    A ``kind`` with a free-form field (a run's input) passes ``nesting_reason``: the body
+    is then refused unread, with that details.code, when it nests deeper than
+    MAX_JSON_DEPTH inside its top-level object. Other kinds need no such check: decoding
+    into a fixed shape stops at the first value of the wrong kind, before any depth."""
     data = bytearray()
     async for chunk in request.stream():
         data += chunk
@@ -92,14 +95,13 @@ async def read_body(
                 f"request body is larger than {limit:,} bytes",
                 details={"code": "BODY_TOO_LARGE"},
             )
-    raw = bytes(data)
-    if len(raw) <= _DECODE_INLINE_BYTES:
-        return _decode(raw, kind, nesting_reason)
-    return await asyncio.to_thread(_decode, raw, kind, nesting_reason)
+    if len(data) <= _DECODE_INLINE_BYTES:
+        return _decode(data, kind, nesting_reason)
+    return await asyncio.to_thread(_decode, data, kind, nesting_reason)
 
 
-def _decode(raw: bytes, kind: type[Any], nesting_reason: str) -> Any:
-    if nesting_over(raw, MAX_JSON_DEPTH + 1) is not None:
+def _decode(raw: bytearray, kind: type[Any], nesting_reason: str | None) -> Any:
+    if nesting_reason is not None and nesting_over(raw, MAX_JSON_DEPTH + 1) is not None:
         what = "input" if nesting_reason == "INVALID_INPUT" else "request body"
         raise ApiError(
             "BAD_REQUEST",

@@ -23,11 +23,13 @@ for _close in b"]}":
     _STEP[_close] = -1
 
 
-def nesting_over(data: bytes | str, limit: int) -> int | None:
+def nesting_over(data: bytes | bytearray | str, limit: int) -> int | None:
     """The nesting depth of the JSON text ``data`` when it is deeper than ``limit``,
     else None. Linear time, no recursion. Malformed JSON may be counted a little deeper
     than it is (an unterminated string hides no brackets); its decoding fails anyway."""
     raw = data.encode() if isinstance(data, str) else data
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return None  # strings included, it opens too few to nest deeper (a fast first look)
     brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
     if brackets.count(b"[") + brackets.count(b"{") <= limit:
         return None  # cannot nest deeper than it opens
