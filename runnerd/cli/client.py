@@ -20,7 +20,7 @@ from runnerd.cli.output import line_printer, output, printable, read_input
 from runnerd.constants import MANIFEST_NAME
 from runnerd.errors import BundleRejected
 from runnerd.run.runner import InputRejected
-from runnerd.upload.bundle import read_app_dir
+from runnerd.upload.bundle import read_app_dir, read_manifest
 from runnerd.upload.yamlfile import load_yaml
 
 __all__ = ["register_client"]
@@ -49,7 +49,7 @@ def _slug(args: argparse.Namespace) -> str:
     if not manifest.is_file():
         raise SystemExit(f"runnerd: pass --app SLUG, or run in an app folder ({manifest})")
     try:
-        doc = load_yaml(read_app_dir(Path(args.dir))[MANIFEST_NAME].decode())
+        doc = load_yaml((read_manifest(Path(args.dir)) or b"").decode())
         return str(doc["slug"])
     except (BundleRejected, YAMLError, UnicodeDecodeError, KeyError, TypeError):
         raise SystemExit(

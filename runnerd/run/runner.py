@@ -293,8 +293,9 @@ class Runner:
         output, errors and logs scrubbed of secrets before they are cut to size."""
         log_limit = self.sandbox.limits.log_bytes
         logs = scrub.scrub(out.logs.decode("utf-8", "replace"))
-        logs_truncated = out.logs_truncated or len(logs.encode()) > log_limit
-        logs = logs.encode()[:log_limit].decode("utf-8", "ignore")
+        encoded_logs = logs.encode()
+        logs_truncated = out.logs_truncated or len(encoded_logs) > log_limit
+        logs = encoded_logs[:log_limit].decode("utf-8", "ignore")
 
         def result(status: str, error: str | None, output: Any = None) -> RunResult:
             return RunResult(

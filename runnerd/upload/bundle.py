@@ -40,6 +40,7 @@ __all__ = [
     "load_bundle",
     "match_globs",
     "read_app_dir",
+    "read_manifest",
     "read_tool_files",
 ]
 
@@ -290,6 +291,18 @@ class _Walk:
             return f.read(limit + 1)
 
 
+def read_manifest(root: Path) -> bytes | None:
+    """The manifest of the app in ``root`` (capped), None when there is none; raises
+    BundleRejected when it is a symlink that leaves ``root``."""
+    if not (root / C.MANIFEST_NAME).is_file():
+        return None
+    walk = _Walk(root)
+    data = walk.read(C.MANIFEST_NAME)
+    if data is None:
+        raise BundleRejected(walk.problems)
+    return data
+
+
 def read_app_dir(root: Path) -> dict[str, bytes]:
     """The bundle of the app in ``root``: the manifest, the files its ``tools`` globs name,
     and the source beside each tool file. Reads no more than a limit-and-a-byte of any file,
@@ -297,13 +310,10 @@ def read_app_dir(root: Path) -> dict[str, bytes]:
     ``root``. Raises BundleRejected naming every such link (and a folder too large to walk).
     """
     files: dict[str, bytes] = {}
-    walk = _Walk(root)
-    manifest = root / C.MANIFEST_NAME
-    if not manifest.is_file():
-        return files
-    data = walk.read(C.MANIFEST_NAME)
+    data = read_manifest(root)
     if data is None:
-        raise BundleRejected(walk.problems)
+        return files
+    walk = _Walk(root)
     files[C.MANIFEST_NAME] = data
     raw: Any = None
     if len(data) <= C.MAX_MANIFEST_BYTES:
