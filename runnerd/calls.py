@@ -336,6 +336,7 @@ class Calls:
                 checked=checked,
                 secrets=self.secrets_of(install.id),
                 version_id=version_id,
+                egress=install.egress,
                 logs=False,
             )
         except BaseException as exc:
@@ -357,6 +358,7 @@ class Calls:
             duration_ms=outcome.duration_ms,
             error_kind=None if outcome.status == "succeeded" else outcome.status,
             key_id=key_id,
+            egress=outcome.egress,
         )
         result = CallResult(
             run_id, outcome.status, outcome.output, outcome.error, outcome.duration_ms

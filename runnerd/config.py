@@ -83,6 +83,14 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # run off the event loop; a check past it is abandoned and the call refused (input)
     # or the run failed (output).
     check_budget_ms: int = 2_000
+    # Egress (tools that call other systems, through the daemon's proxy): internal ranges
+    # (CIDR) a granted destination may resolve to, which are otherwise refused as
+    # private; per run, the connections it may open, the megabytes it may move (both
+    # ways together) and how long a connection may take to open.
+    egress_allow_networks: tuple[str, ...] = ()
+    egress_max_connections: int = 64
+    egress_max_mb: int = 64
+    egress_connect_timeout_ms: int = 5_000
 
     @property
     def secrets_key_path(self) -> Path:
@@ -96,12 +104,19 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 _FIELDS = Settings.__struct_fields__
 
 
-def _from_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {
+_LISTS = ("egress_allow_networks",)  # comma-separated in an env variable
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    found: dict[str, Any] = {
         field: env[key]
         for field in _FIELDS
         if (key := f"RUNNERD_{field.upper()}") in env and env[key] != ""
     }
+    for field in _LISTS:
+        if field in found:
+            found[field] = [item.strip() for item in found[field].split(",") if item.strip()]
+    return found
 
 
 def _decode_path(kind: type, value: Any) -> Any:
@@ -142,6 +157,13 @@ def load_settings(
         if merged.get(key) is not None:
             merged[key] = str(Path(str(merged[key])).expanduser())
     try:
-        return msgspec.convert(merged, Settings, strict=False, dec_hook=_decode_path)
+        settings = msgspec.convert(merged, Settings, strict=False, dec_hook=_decode_path)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid setting: {exc}") from None
+    from runnerd.run.proxy import parse_networks
+
+    try:
+        parse_networks(settings.egress_allow_networks)
+    except ValueError as exc:
+        raise ConfigError(f"invalid setting egress_allow_networks: {exc}") from None
+    return settings

@@ -28,6 +28,16 @@ function stackOf(err) {
     .join('\n');
 }
 
+// fetch says only 'fetch failed'; what failed is in its cause (a refusal, a TLS error).
+function messageOf(err) {
+  let message = String(err.message);
+  let cause = err.cause;
+  for (let depth = 0; cause && depth < 3; depth += 1, cause = cause.cause) {
+    message += ` (cause: ${cause instanceof Error ? cause.message : String(cause)})`;
+  }
+  return message;
+}
+
 function pick(mod) {
   if (typeof mod.run === 'function') return mod.run;
   if (typeof mod.default === 'function') return mod.default;
@@ -41,11 +51,120 @@ function write(reply) {
   while (offset < data.length) offset += writeSync(Number(resultFd), data, offset);
 }
 
+// Egress: the jail has only lo. Relay 127.0.0.1:PORT (what HTTP_PROXY names) to the
+// daemon's proxy socket, and give global fetch (whose Node 20 and 24 versions ignore
+// proxy variables) a dispatcher that tunnels every connection through the proxy.
+async function egress({ socket, token }) {
+  const net = await import('node:net');
+  const server = net.createServer((inner) => {
+    const outer = net.connect(socket);
+    inner.pipe(outer);
+    outer.pipe(inner);
+    inner.on('error', () => outer.destroy());
+    outer.on('error', () => inner.destroy());
+  });
+  await new Promise((ok, fail) => {
+    server.once('error', fail);
+    server.listen(0, '127.0.0.1', ok);
+  });
+  server.unref();
+  const url = `http://run:${token}@127.0.0.1:${server.address().port}`;
+  for (const name of ['HTTP_PROXY', 'HTTPS_PROXY', 'http_proxy', 'https_proxy']) process.env[name] = url;
+  for (const name of ['NO_PROXY', 'no_proxy', 'ALL_PROXY', 'all_proxy']) delete process.env[name];
+  const auth = 'Basic ' + Buffer.from(`run:${token}`).toString('base64');
+  let tls = null;
+
+  // undici's connector: a CONNECT tunnel through the proxy socket, TLS inside it for
+  // https (NODE_EXTRA_CA_CERTS, set by the tool, is read at each connection).
+  function connect(opts, callback) {
+    const https = opts.protocol === 'https:';
+    const port = opts.port || (https ? 443 : 80);
+    const host = net.isIPv6(opts.hostname) ? `[${opts.hostname}]` : opts.hostname;
+    const raw = net.connect(socket);
+    let settled = false;
+    const fail = (err) => {
+      if (settled) return;
+      settled = true;
+      raw.destroy();
+      callback(err, null);
+    };
+    let head = Buffer.alloc(0);
+    const onData = (chunk) => {
+      head = Buffer.concat([head, chunk]);
+      const end = head.indexOf('\r\n\r\n');
+      if (end === -1) {
+        if (head.length > 16384) fail(new Error('the egress proxy sent no answer'));
+        return;
+      }
+      raw.off('data', onData);
+      const line = head.subarray(0, head.indexOf('\r\n')).toString('latin1');
+      if (!/^HTTP\/1\.[01] 200 /.test(line)) {
+        const err = new Error(`${host}:${port}: ${line.replace(/^HTTP\/1\.[01] /, '')}`);
+        err.code = 'EGRESS_REFUSED';
+        fail(err);
+        return;
+      }
+      const rest = head.subarray(end + 4);
+      if (rest.length) raw.unshift(rest);
+      raw.off('error', fail);
+      if (!https) {
+        settled = true;
+        callback(null, raw);
+        return;
+      }
+      let ca;
+      const extra = process.env.NODE_EXTRA_CA_CERTS;
+      if (extra) {
+        try {
+          ca = [...tls.rootCertificates, readFileSync(extra, 'utf8')];
+        } catch {}
+      }
+      const secure = tls.connect({
+        socket: raw,
+        servername: opts.servername || (net.isIP(opts.hostname) ? undefined : opts.hostname),
+        ALPNProtocols: ['http/1.1'],
+        ca,
+      });
+      secure.once('secureConnect', () => {
+        if (settled) return;
+        settled = true;
+        secure.off('error', fail);
+        callback(null, secure);
+      });
+      secure.once('error', fail);
+    };
+    raw.once('error', fail);
+    raw.on('data', onData);
+    raw.once('connect', () =>
+      raw.write(`CONNECT ${host}:${port} HTTP/1.1\r\nHost: ${host}:${port}\r\nProxy-Authorization: ${auth}\r\n\r\n`),
+    );
+  }
+
+  const original = globalThis.fetch;
+  if (typeof original !== 'function') return;
+  tls = await import('node:tls');
+  let installed = false;
+  globalThis.fetch = function fetch(input, init) {
+    if (!installed) {
+      installed = true;
+      void globalThis.Response; // loads Node's undici, which sets its global dispatcher
+      for (const name of ['undici.globalDispatcher.1', 'undici.globalDispatcher.2']) {
+        const current = globalThis[Symbol.for(name)];
+        if (current && typeof current.constructor === 'function') {
+          globalThis[Symbol.for(name)] = new current.constructor({ connect });
+        }
+      }
+    }
+    return original.call(this, input, init);
+  };
+}
+
 const request = JSON.parse(readFileSync(0, 'utf8'));
 display = request.file;
 const toolFile = TOOL_DIR + request.module;
 names = new Set([basename(toolFile), basename(display)]);
 Object.assign(process.env, request.env || {});
+if (request.egress) await egress(request.egress);
 let reply;
 try {
   mkdirSync(TOOL_DIR, { mode: 0o700 });
@@ -65,7 +184,7 @@ try {
     ok: false,
     kind: 'error',
     type: isError ? err.name : typeof err,
-    message: isError ? err.message : String(err),
+    message: isError ? messageOf(err) : String(err),
     stack: stackOf(err),
   });
 }

@@ -89,6 +89,113 @@ def _call(run, value):
     return result
 
 
+def _relay(socket_path, token):
+    """Egress: listen on 127.0.0.1 (the jail's own lo) and relay each connection to the
+    daemon's proxy socket, in one thread; point the usual proxy variables at it."""
+    import selectors
+    import socket
+    import threading
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    listener.setblocking(False)
+    url = f"http://run:{token}@127.0.0.1:{listener.getsockname()[1]}"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        os.environ[name] = url
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        os.environ.pop(name, None)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    peer, pending, masks, ended = {}, {}, {}, set()  # ended: sides that sent their EOF
+
+    def watch(sock):
+        """Read a side while its peer has nothing waiting; write it while it has."""
+        want = 0
+        if sock not in ended and not pending.get(peer[sock]):
+            want |= selectors.EVENT_READ
+        if pending.get(sock):
+            want |= selectors.EVENT_WRITE
+        have = masks.get(sock, 0)
+        if want != have:
+            if not have:
+                selector.register(sock, want)
+            elif not want:
+                selector.unregister(sock)
+            else:
+                selector.modify(sock, want)
+            masks[sock] = want
+
+    def drop(sock):
+        for end in (sock, peer.get(sock)):
+            if end is not None and end in peer:
+                if masks.pop(end, 0):
+                    selector.unregister(end)
+                end.close()
+                del peer[end]
+                pending.pop(end, None)
+                ended.discard(end)
+
+    def step(sock, events):
+        other = peer[sock]
+        if events & selectors.EVENT_WRITE:
+            sent = sock.send(pending[sock])
+            pending[sock] = pending[sock][sent:]
+        if events & selectors.EVENT_READ:
+            data = sock.recv(65536)
+            if data:
+                try:
+                    data = data[other.send(data):]
+                except BlockingIOError:
+                    pass
+                pending[other] = data
+            else:
+                ended.add(sock)
+        # An EOF passes on once what came before it is written; both ended: done.
+        for end in (sock, other):
+            if end in ended and not pending.get(peer[end]):
+                try:
+                    peer[end].shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+        if sock in ended and other in ended:
+            drop(sock)
+            return
+        watch(sock)
+        watch(other)
+
+    def loop():
+        while True:
+            for key, events in selector.select():
+                sock = key.fileobj
+                if sock is listener:
+                    try:
+                        inner, _ = listener.accept()
+                    except OSError:
+                        continue
+                    outer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    try:
+                        outer.connect(socket_path)
+                    except OSError:
+                        inner.close()
+                        outer.close()
+                        continue
+                    for end, other in ((inner, outer), (outer, inner)):
+                        end.setblocking(False)
+                        peer[end] = other
+                    watch(inner)
+                    watch(outer)
+                elif sock in peer:
+                    try:
+                        step(sock, events)
+                    except BlockingIOError:
+                        pass
+                    except OSError:
+                        drop(sock)
+
+    threading.Thread(target=loop, daemon=True, name="runnerd-egress").start()
+
+
 def main():
     result_fd = int(sys.argv[1])
     if len(sys.argv) > 2:
@@ -96,6 +203,9 @@ def main():
     request, _ = _scan(sys.stdin.buffer.read().decode(), 0)
     code, display = request["code"], request["file"]
     os.environ.update(request.get("env") or {})
+    egress = request.get("egress")
+    if egress:
+        _relay(egress["socket"], egress["token"])
     reply = None
     try:
         run = getattr(_load(code, display), "run", None)

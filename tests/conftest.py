@@ -89,6 +89,46 @@ def daemon(request: pytest.FixtureRequest, toolchain_dir: Path) -> Iterator[Daem
         yield d
 
 
+# --- egress: the tests' own network, and a daemon that may reach it ----------------------------
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[Any]:
+    """The egress lab (tests/egress_lab.py): a network namespace with test servers."""
+    from egress_lab import egress_lab
+
+    with egress_lab() as found:
+        yield found
+
+
+@pytest.fixture(scope="session")
+def egress_daemon(lab: Any, toolchain_dir: Path) -> Iterator[Daemon]:
+    """A daemon that resolves names through the lab's hosts file and may reach the lab's
+    network; per run at most 1 MB and 16 connections."""
+    from daemon import running_daemon
+
+    with running_daemon(
+        toolchain_dir,
+        wrap=lab.wrap,
+        egress_allow_networks=lab.network,
+        egress_max_mb="1",
+        egress_max_connections="16",
+    ) as d:
+        yield d
+
+
+@pytest.fixture(scope="session")
+def caller(egress_daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An install of egress_daemon granted caller_grant, with the lab's CALLER_TOOLS."""
+    from egress_lab import CALLER_TOOLS, app_dir, caller_grant
+
+    grant = caller_grant(egress_daemon)
+    root = app_dir(tmp_path_factory.mktemp("caller"), "caller", grant, CALLER_TOOLS)
+    install = egress_daemon.ship(root)
+    assert install["egress"] == grant
+    return str(install["installId"])
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     db = Store.in_data_dir(tmp_path / "data")

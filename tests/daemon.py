@@ -166,7 +166,11 @@ class Daemon:
 
 
 @contextmanager
-def running_daemon(toolchain_dir: Path, **settings: str) -> Iterator[Daemon]:
+def running_daemon(
+    toolchain_dir: Path, wrap: Callable[[list[str]], list[str]] | None = None, **settings: str
+) -> Iterator[Daemon]:
+    """``runnerd serve`` with these settings (``wrap``: the command line in a wrapper,
+    such as the egress lab's hosts file)."""
     data = Path(tempfile.mkdtemp(prefix="runnerd-daemon-", dir="/tmp"))
     data.chmod(0o711)
     port = free_port()
@@ -198,8 +202,9 @@ def running_daemon(toolchain_dir: Path, **settings: str) -> Iterator[Daemon]:
         ).stdout
     )
     log = open(data / "serve.log", "wb")  # noqa: SIM115 - closed below
+    argv = [RUNNERD, "serve", "--port", str(port)]
     proc = subprocess.Popen(
-        [RUNNERD, "serve", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
+        wrap(argv) if wrap else argv, env=env, stdout=log, stderr=subprocess.STDOUT
     )
     daemon = Daemon(data, port, proc, boot["workspaceId"], boot["apiKey"], env)
     try:

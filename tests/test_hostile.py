@@ -13,9 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from conftest import engine_env, make_tool, run_cli, run_tool, tool_doc
+from daemon import Daemon, HealthProbe
+from egress_lab import HTTP_PORT, EgressLab, run_ok
 from runnerd.run.engine import Engine
 from runnerd.run.runner import RunResult
 
@@ -466,6 +469,21 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return int(next(x for x in status.splitlines() if x.startswith("PPid:")).split()[1])
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_jail_runs_as_an_unprivileged_outside_uid(engine: Engine) -> None:
     source = "import time\ndef run(i):\n    time.sleep(0.4)\n    return {}\n"
     tool = make_tool(engine, source)
@@ -473,8 +491,14 @@ def test_jail_runs_as_an_unprivileged_outside_uid(engine: Engine) -> None:
     async def observe() -> list[int]:
         task = asyncio.ensure_future(engine.runner.run(tool, {}))
         await asyncio.sleep(0.25)
-        # This test's own jails only: other runnerds on the host run jails too.
-        ours = _descendants(os.getpid())
+        # This test's own jails only: other runnerds on the host (and the daemons this
+        # session started) run jails too. The engine's nsjails are this process's children.
+        ours = {
+            p
+            for child in _descendants(os.getpid())
+            if _parent(child) == os.getpid() and b"nsjail" in _cmdline(child)
+            for p in _descendants(child)
+        }
         uids = []
         for status in Path("/proc").glob("[0-9]*/status"):
             if int(status.parent.name) not in ours:
@@ -862,3 +886,45 @@ export function run() {
 def test_nothing_written_to_tmp_can_be_executed_or_loaded(engine: Engine, tmp_path: Path) -> None:
     assert tool_test(engine, tmp_path, NOEXEC_PY) == {"exec": 13, "dlopen": True}  # EACCES
     assert tool_test(engine, tmp_path, NOEXEC_JS, ext=".mjs") == {"exec": "EACCES"}
+
+
+# --- egress: tools that attack the proxy (a live daemon, the tests' own network) ---------
+
+
+def test_a_forged_or_finished_credential_is_refused(egress_daemon: Daemon, caller: str) -> None:
+    forged = run_ok(egress_daemon, caller, "probe", {"mode": "forged"})
+    assert forged["output"]["answer"].startswith("HTTP/1.1 407"), forged["output"]
+
+    earlier = run_ok(egress_daemon, caller, "probe", {"mode": "proxy_env"})
+    token = httpx.URL(earlier["output"]["proxy"]).password
+    assert token
+    reused = run_ok(egress_daemon, caller, "probe", {"mode": "forged", "token": token})
+    assert reused["output"]["answer"].startswith("HTTP/1.1 407"), reused["output"]
+
+
+def test_a_flood_of_connections_to_the_proxy_is_cut_and_the_daemon_stays_up(
+    egress_daemon: Daemon, caller: str
+) -> None:
+    value = {"mode": "flood", "count": 200, "url": f"http://api.test:{HTTP_PORT}/after-flood"}
+    with HealthProbe(egress_daemon) as probe:
+        result = run_ok(egress_daemon, caller, "probe", value)
+    assert result["status"] == "succeeded", result["error"]
+    found = result["output"]
+    assert found.get("opened", 0) + found.get("failed", 0) == 200, found
+    # Past the run's cap (16 in this daemon), the proxy closes connections unread; the
+    # run's own request still goes through once the flood is gone.
+    assert found["closed"] >= found["opened"] - 16, found
+    assert found["then"] == 200, found
+    assert probe.worst_ms < 50, probe.worst_ms
+
+
+def test_tunnels_close_when_a_run_times_out(
+    egress_daemon: Daemon, caller: str, lab: EgressLab
+) -> None:
+    before = lab.established(HTTP_PORT)
+    result = run_ok(egress_daemon, caller, "hold", {"mode": "hold"})
+    assert result["status"] == "timed_out"
+    deadline = time.monotonic() + 3
+    while lab.established(HTTP_PORT) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lab.established(HTTP_PORT) <= before

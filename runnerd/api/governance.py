@@ -23,6 +23,7 @@ from runnerd.api.wire import (
     BudgetBody,
     BudgetInfo,
     Deleted,
+    EgressUse,
     LatestRuns,
     LedgerList,
     LedgerRow,
@@ -252,7 +253,10 @@ async def deny(request: Request, state: AppState) -> Response:
 
 
 def _run_info(r: RunRow) -> RunInfo:
-    return wire_view(RunInfo, r, id="run_id")
+    info = wire_view(RunInfo, r, id="run_id")
+    if r.egress is not None:
+        info.egress = msgspec.convert(r.egress, list[EgressUse])
+    return info
 
 
 async def get_run(request: Request, state: AppState) -> Response:

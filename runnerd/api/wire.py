@@ -278,6 +278,17 @@ class ApprovalList(_Wire):
     data: list[ApprovalInfo]
 
 
+class EgressUse(_Wire, omit_defaults=True):
+    """One destination a run reached (or was refused) through the egress proxy: counts
+    only, never a payload, a path or a header."""
+
+    destination: str  # host:port
+    connections: int
+    bytes_sent: int
+    bytes_received: int
+    refused: Literal["not granted", "private address", "cap reached"] | None = None
+
+
 class RunInfo(_Wire):
     run_id: str
     install_id: str
@@ -294,6 +305,7 @@ class RunInfo(_Wire):
     error_kind: str | None = None
     workflow_run_id: str | None = None
     approval_id: str | None = None
+    egress: list[EgressUse] | None = None  # for a run whose install has an egress grant
 
 
 class RunDetail(_Wire):

@@ -16,7 +16,7 @@ from typing import Any
 from ruamel.yaml.error import YAMLError
 
 from runnerd.cli.http import ApiClient, ApiFailure
-from runnerd.cli.output import line_printer, output, printable, read_input
+from runnerd.cli.output import egress_lines, line_printer, output, printable, read_input
 from runnerd.constants import MANIFEST_NAME
 from runnerd.errors import BundleRejected
 from runnerd.run.runner import InputRejected
@@ -380,7 +380,7 @@ def cmd_runs_list(args: argparse.Namespace, client: ApiClient) -> int:
             f"{r['runId']}  {r['startedAt']}  {r['tool']:<24} v{r['version']:<8} "
             f"{r['status']:<10} {r['durationMs'] or 0:>6} ms  {r['surface']:<8} "
             f"{r['userEmail']}"
-        )
+        ) + "".join(f"\n    {e}" for e in egress_lines(r.get("egress") or []))
 
     return output(args, result, line_printer(result["data"], line, "no runs"))
 
@@ -391,6 +391,8 @@ def cmd_runs_get(args: argparse.Namespace, client: ApiClient) -> int:
     def human() -> None:
         r = result["run"]
         print(f"{r['runId']}: {r['status']} in {r['durationMs']} ms ({r['tool']})")
+        for use in egress_lines(r.get("egress") or []):
+            print(printable(use))
         if result["outputAvailable"]:
             print(json.dumps(result["output"], indent=2, ensure_ascii=False))
             if result["error"]:

@@ -17,17 +17,18 @@ from typing import Any
 
 import msgspec
 
-from runnerd.cli.output import printable, read_input
+from runnerd import egress
+from runnerd.cli.output import egress_lines, printable, read_input
 from runnerd.config import Settings, load_settings
 from runnerd.constants import MANIFEST_NAME, TOOL_SUFFIX
 from runnerd.errors import BundleRejected, Problem
 from runnerd.run.engine import Engine, build_engine
 from runnerd.run.envs import EnvBuildFailed
 from runnerd.run.jail import SandboxUnavailable
-from runnerd.run.runner import InputRejected
+from runnerd.run.runner import InputRejected, RunResult
 from runnerd.run.runtimes import find_node
 from runnerd.store import Store
-from runnerd.upload.bundle import Bundle, load_bundle, read_app_dir, read_tool_files
+from runnerd.upload.bundle import Bundle, Tool, load_bundle, read_app_dir, read_tool_files
 from runnerd.upload.toolchain import Toolchain, ToolchainError
 
 __all__ = ["register_local"]
@@ -166,6 +167,13 @@ def cmd_tool_test(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"runnerd: --input/--secret: {exc}", file=sys.stderr)
         return 2
+    grant = []
+    for entry in args.egress or []:
+        try:
+            grant.append(str(egress.parse(entry)))
+        except egress.EgressError as exc:
+            print(printable(f"runnerd: --egress {entry}: {exc}"), file=sys.stderr)
+            return 2
     engine = build_engine(settings)
     if engine.cgroups.warning:
         print(engine.cgroups.warning, file=sys.stderr)
@@ -176,7 +184,7 @@ def cmd_tool_test(args: argparse.Namespace) -> int:
         [tool] = bundle.tools
         if tool.packages:
             engine.envs.ensure_sync(tool.language, tool.packages)
-        result = asyncio.run(engine.runner.run(tool, value, secrets=secrets))
+        result = asyncio.run(_run_once(engine, tool, value, secrets, tuple(grant)))
     except BundleRejected as exc:
         for problem in exc.problems:
             if problem.file != MANIFEST_NAME:
@@ -196,6 +204,7 @@ def cmd_tool_test(args: argparse.Namespace) -> int:
                 "durationMs": result.duration_ms,
                 "logs": result.logs,
                 "logsTruncated": result.logs_truncated,
+                **({"egress": result.egress} if result.egress is not None else {}),
             }
         )
     else:
@@ -207,7 +216,18 @@ def cmd_tool_test(args: argparse.Namespace) -> int:
         if result.logs:
             print("--- logs" + (" (truncated)" if result.logs_truncated else ""))
             print(printable(result.logs.rstrip("\n")))
+        for line in egress_lines(result.egress or []):
+            print(printable(line))
     return 0 if result.status == "succeeded" else 1
+
+
+async def _run_once(
+    engine: Engine, tool: Tool, value: Any, secrets: dict[str, str], grant: tuple[str, ...]
+) -> RunResult:
+    try:
+        return await engine.runner.run(tool, value, secrets=secrets, egress=grant)
+    finally:
+        await engine.sandbox.close()
 
 
 # --- envs -----------------------------------------------------------------------------------
@@ -423,6 +443,14 @@ def register_local(groups: Any, common: argparse.ArgumentParser) -> Any:
         metavar="NAME[=VALUE]",
         help="a secret for the run; NAME alone reads the value from the "
         "environment variable NAME (keeps it off the command line)",
+    )
+    test.add_argument(
+        "--egress",
+        nargs="+",
+        action="extend",
+        metavar="HOST",
+        help="grant these destinations (host, *.domain or IP, optional :port) for this run, "
+        "through the same egress proxy as the daemon",
     )
     test.set_defaults(func=cmd_tool_test)
 

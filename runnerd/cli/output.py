@@ -18,7 +18,14 @@ from runnerd.config import Settings, load_settings
 from runnerd.constants import MAX_JSON_DEPTH
 from runnerd.run.runner import InputRejected
 
-__all__ = ["line_printer", "output", "printable", "read_input", "settings_from_args"]
+__all__ = [
+    "egress_lines",
+    "line_printer",
+    "output",
+    "printable",
+    "read_input",
+    "settings_from_args",
+]
 
 
 # Characters a terminal acts on instead of showing: C0 controls but newline and tab, DEL,
@@ -87,3 +94,17 @@ def read_input(text: str) -> Any:
 
 def settings_from_args(args: argparse.Namespace, **flags: Any) -> Settings:
     return load_settings(config_file=args.config, flags={"data_dir": args.data_dir, **flags})
+
+
+def egress_lines(figures: list[dict[str, Any]]) -> list[str]:
+    """A run's egress figures as lines for people."""
+    lines = []
+    for use in figures:
+        if use.get("refused"):
+            lines.append(f"egress: {use['destination']} refused ({use['refused']})")
+        else:
+            lines.append(
+                f"egress: {use['destination']} {use['connections']} connection(s), "
+                f"{use['bytesSent']:,} B sent, {use['bytesReceived']:,} B received"
+            )
+    return lines

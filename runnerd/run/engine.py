@@ -13,6 +13,7 @@ from runnerd.config import Settings
 from runnerd.run.cgroups import Cgroups, setup_cgroups
 from runnerd.run.envs import EnvManager
 from runnerd.run.jail import Limits, Sandbox, SandboxUnavailable, UidPool, find_nsjail
+from runnerd.run.proxy import EgressProxy, parse_networks, socket_path
 from runnerd.run.runner import Runner
 from runnerd.run.runtimes import Runtimes, find_runtimes, world_readable
 from runnerd.upload.toolchain import Toolchain
@@ -58,6 +59,13 @@ def build_engine(settings: Settings, *, warm: int = 0) -> Engine:
     runtimes = find_runtimes(settings.python, settings.node)
     cgroups = setup_cgroups()
     limits = Limits.from_settings(settings)
+    proxy = EgressProxy(
+        socket_path(settings.uid_lock_dir),
+        allow_networks=parse_networks(settings.egress_allow_networks),
+        max_connections=settings.egress_max_connections,
+        max_bytes=settings.egress_max_mb * 1024 * 1024,
+        connect_timeout_s=settings.egress_connect_timeout_ms / 1000,
+    )
     sandbox = Sandbox(
         nsjail=find_nsjail(settings.nsjail),
         runtimes=runtimes,
@@ -65,6 +73,7 @@ def build_engine(settings: Settings, *, warm: int = 0) -> Engine:
         uids=UidPool(settings.uid_lock_dir, settings.sandbox_uid_base, settings.sandbox_uid_count),
         limits=limits,
         warm=warm,
+        proxy=proxy,
     )
     envs = EnvManager(mounts / "envs", sandbox=sandbox, settings=settings)
     runner = Runner(

@@ -3,8 +3,9 @@
 The jail gets new user, pid, mount, network, ipc, uts and cgroup namespaces; an
 unprivileged outside uid/gid of its own (from a pool, one per live jail); an empty root
 with read-only binds of the interpreter, the tool's package environment and the
-harness; a fresh size-limited tmpfs /tmp; /dev/null and /dev/urandom; no /proc; no
-network unless asked; cgroup and rlimit limits; and the seccomp policy in
+harness; a fresh size-limited tmpfs /tmp; /dev/null and /dev/urandom; no /proc; a
+network namespace with only ``lo`` (a run with an egress grant also gets the egress
+proxy's Unix socket, run/proxy.py); cgroup and rlimit limits; and the seccomp policy in
 sandbox/seccomp.kafel.
 
 Channels: the request (the tool's code, its input and its secrets) goes in on stdin, so
@@ -39,6 +40,7 @@ from runnerd.constants import MAX_LOG_BYTES, MAX_OUTPUT_BYTES, MAX_TIMEOUT_MS
 from runnerd.errors import RunnerdError
 from runnerd.resources import resource_dir
 from runnerd.run.cgroups import Cgroups
+from runnerd.run.proxy import EgressPass, EgressProxy
 from runnerd.run.runtimes import Runtimes
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ __all__ = [
 ]
 
 INSIDE_ID = 1000  # the uid/gid a tool sees; mapped to the run's own outside id
+EGRESS_SOCKET = "/run/egress.sock"  # where an egress jail sees the proxy's socket
 STOP_GRACE_S = 0.5  # after SIGTERM, how long nsjail gets to clean up before SIGKILL
 READ_CHUNK = 65536
 MAX_TIMEOUT_S = MAX_TIMEOUT_MS // 1000  # a waiting jail may get any tool, the slowest too
@@ -112,13 +115,13 @@ class Job:
     timeout_ms: int
     request: bytes = field(repr=False)
     env_dir: Path | None = None  # the tool's package environment, if it lists packages
-    network: bool = False
+    egress: EgressPass | None = field(default=None, repr=False)  # the run's network grant
     # Logs kept past the cap, so secrets are scrubbed before the cut (runs.py cuts).
     log_slack: int = 0
 
     @property
     def kind(self) -> JailKind:
-        return JailKind(self.language, self.env_dir, self.network)
+        return JailKind(self.language, self.env_dir, self.egress is not None)
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ class JailKind:
 
     language: str
     env_dir: Path | None
-    network: bool = False
+    egress: bool = False  # the proxy's socket is mounted
 
 
 @dataclass
@@ -206,6 +209,7 @@ class _Jail:
         self,
         kind: JailKind,
         proc: asyncio.subprocess.Process,
+        uid: int,
         uid_lock: IO[str],
         result: _Capped,
         jail_log: _Capped,
@@ -214,6 +218,7 @@ class _Jail:
     ) -> None:
         self.kind = kind
         self.proc = proc
+        self.uid = uid
         self.uid_lock = uid_lock
         self.result = result
         self.jail_log = jail_log
@@ -237,6 +242,7 @@ class Sandbox:
         uids: UidPool,
         limits: Limits,
         warm: int = 0,
+        proxy: EgressProxy | None = None,
     ) -> None:
         self.nsjail = nsjail
         self.runtimes = runtimes
@@ -244,6 +250,7 @@ class Sandbox:
         self.uids = uids
         self.limits = limits
         self.warm = warm  # jails kept waiting per kind; 0 = start each jail on demand
+        self.proxy = proxy
         self._dir = resource_dir("sandbox")
         # /tmp is the one writable place: noexec (no dropped binary or .so runs from it),
         # nosuid, nodev. The nsjail command line cannot say those flags; a config can.
@@ -292,8 +299,10 @@ class Sandbox:
                      "--cgroup_pids_max", str(lim.pids)]  # fmt: skip
             if self.cgroups.has_cpu:
                 argv += ["--cgroup_cpu_ms_per_sec", str(lim.cpu_ms_per_sec)]
-        if kind.network:
-            argv.append("--disable_clone_newnet")
+        if kind.egress:
+            if self.proxy is None:
+                raise SandboxUnavailable("this runnerd has no egress proxy")
+            argv += ["--bindmount_ro", f"{self.proxy.path}:{EGRESS_SOCKET}"]
         for mount in runtime.mounts:
             argv += ["--bindmount_ro", mount]
         argv += [
@@ -358,7 +367,7 @@ class Sandbox:
         await loop.connect_read_pipe(lambda: jail_log, os.fdopen(log_r, "rb", 0))
         assert proc.stdout is not None
         logs_task = asyncio.ensure_future(_drain(proc.stdout, logs))
-        return _Jail(kind, proc, uid_lock, result, jail_log, logs, logs_task)
+        return _Jail(kind, proc, uid, uid_lock, result, jail_log, logs, logs_task)
 
     def _take(self, kind: JailKind) -> _Jail | None:
         """A waiting jail of ``kind``, if one is alive and fresh; stale ones are dropped."""
@@ -435,6 +444,8 @@ class Sandbox:
                 await self._discard(ready.popleft())
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=MAX_TIMEOUT_S + 5)
+        if self.proxy is not None:
+            await self.proxy.close()
 
     async def run(self, job: Job, *, logs: bool = True, refill: bool = True) -> Outcome:
         """Run ``job`` in a fresh jail and report what happened; never raises for what the
@@ -453,6 +464,8 @@ class Sandbox:
         if jail is None:
             jail = await self._start(kind, math.ceil(job.timeout_ms / 1000))
         jail.logs.cap = self.limits.log_bytes + job.log_slack  # nothing is read before the request
+        if job.egress is not None and self.proxy is not None:
+            self.proxy.bind(job.egress, jail.uid)  # only this jail may use the credential
         handed_over = False
         try:
             proc = jail.proc

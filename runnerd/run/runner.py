@@ -23,7 +23,7 @@ from runnerd.checks.schemas import SchemaError
 from runnerd.constants import MAX_ERROR_CHARS, MAX_INPUT_BYTES, MAX_JSON_DEPTH, MAX_OUTPUT_BYTES
 from runnerd.errors import RunnerdError
 from runnerd.run.envs import EnvManager
-from runnerd.run.jail import Job, Outcome, Sandbox
+from runnerd.run.jail import EGRESS_SOCKET, Job, Outcome, Sandbox
 from runnerd.run.scrub import Scrubber
 
 __all__ = [
@@ -91,6 +91,8 @@ class RunResult(msgspec.Struct, omit_defaults=True):
     duration_ms: int  # what the caller waited for the run: checks, jail and tool
     logs: str = ""  # stdout+stderr, scrubbed; for builders, never stored
     logs_truncated: bool = False
+    # What the run reached through the egress proxy (EgressPass.figures), if it had a grant.
+    egress: list[dict[str, Any]] | None = None
 
 
 class CheckedInput(msgspec.Struct, frozen=True):
@@ -227,7 +229,7 @@ class Runner:
         checked: CheckedInput | None = None,
         secrets: Mapping[str, str] | None = None,
         version_id: str | None = None,
-        network: bool = False,
+        egress: tuple[str, ...] = (),
         logs: bool = True,
     ) -> RunResult:
         """Check ``value`` (unless ``checked`` is the result of check_input), run the tool
@@ -235,7 +237,8 @@ class Runner:
 
         Raises InputRejected before the sandbox starts; after that, always a RunResult.
         Without ``logs`` (callers that do not show them) the answer comes as soon as the
-        tool has replied.
+        tool has replied. ``egress``: the destinations the run may reach through the proxy
+        (an install's grant); none, no network.
         """
         started = time.monotonic()
         key = tool_key(tool, version_id)
@@ -250,12 +253,19 @@ class Runner:
         if tool.packages and self.envs is not None:
             env_dir = await self.envs.ensure(tool.language, tuple(tool.packages))
         module, code = _code_file(tool)
+        proxy = self.sandbox.proxy
+        grant = None
+        if egress and proxy is not None:
+            await proxy.ensure_started()
+            grant = proxy.open_run(egress)
         request = (
             b'{"input":' + checked.encoded
             + b',"env":' + msgspec.json.encode(secrets)
             + b',"code":' + msgspec.json.encode(code)
             + b',"file":' + msgspec.json.encode(tool.source_path)
             + b',"module":' + msgspec.json.encode(module)
+            + (b',"egress":' + msgspec.json.encode({"socket": EGRESS_SOCKET, "token": grant.token})
+               if grant is not None else b"")
             + b"}"
         )  # fmt: skip
         job = Job(
@@ -263,7 +273,7 @@ class Runner:
             timeout_ms=tool.timeout_ms,
             request=request,
             env_dir=env_dir,
-            network=network,
+            egress=grant,
             log_slack=scrub.longest,
         )
         try:
@@ -283,8 +293,11 @@ class Runner:
                 logs_truncated=outcome.logs_truncated,
             )
         finally:
+            # The run is over for the network too: its credential dies, its tunnels close.
+            figures = proxy.end_run(grant) if proxy is not None and grant is not None else None
             # After the answer is on its way: the next jail's fork would delay it.
             asyncio.get_running_loop().call_soon(self.sandbox.refill, job.kind)
+        result.egress = figures
         result.duration_ms = round((time.monotonic() - started + checked_before) * 1000)
         return result
 

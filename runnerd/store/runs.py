@@ -8,6 +8,7 @@ open are closed by ``recover_interrupted`` at the next start.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -59,13 +60,25 @@ class RunRow(msgspec.Struct, frozen=True):
     approval_id: str | None = None
     user_email: str | None = None
     version: str | None = None
+    # Per destination reached through the egress proxy: {destination, connections,
+    # bytesSent, bytesReceived[, refused]}; None for a run without a grant.
+    egress: list[dict[str, Any]] | None = None
 
 
 _RUN_SQL = """SELECT r.id, r.workspace_id, r.install_id, r.app_id, r.version_id, r.tool,
     r.user_id, r.surface, r.status, r.started_at, r.workflow_run_id, r.duration_ms,
-    r.ended_at, r.error_kind, r.approval_id, u.email AS user_email, v.version
+    r.ended_at, r.error_kind, r.approval_id, u.email AS user_email, v.version, r.egress
 FROM runs r LEFT JOIN users u ON u.id = r.user_id
 LEFT JOIN app_versions v ON v.id = r.version_id"""
+
+
+def _json_or_null(value: Any) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+def _run_row(row: dict[str, Any]) -> RunRow:
+    egress = row.get("egress")
+    return RunRow(**{**row, "egress": None if egress is None else json.loads(egress)})
 
 
 class RunsStore(AuditStore):
@@ -186,14 +199,22 @@ class RunsStore(AuditStore):
         duration_ms: int,
         error_kind: str | None = None,
         key_id: str | None = None,
+        egress: list[dict[str, Any]] | None = None,
     ) -> None:
         """End a run: its row, its ledger row, its audit entry and its budget settlement,
-        in one transaction. Ending a run twice changes nothing the second time."""
+        in one transaction. Ending a run twice changes nothing the second time.
+        ``egress``: what it reached through the proxy (figures, never payloads)."""
         with self._write():
-            self._finish(run_id, status, duration_ms, error_kind, key_id)
+            self._finish(run_id, status, duration_ms, error_kind, key_id, egress)
 
     def _finish(
-        self, run_id: str, status: str, duration_ms: int, error_kind: str | None, key_id: str | None
+        self,
+        run_id: str,
+        status: str,
+        duration_ms: int,
+        error_kind: str | None,
+        key_id: str | None,
+        egress: list[dict[str, Any]] | None = None,
     ) -> None:
         row = self.db.execute(
             """SELECT workspace_id, install_id, app_id, version_id, tool, user_id, surface,
@@ -218,8 +239,8 @@ class RunsStore(AuditStore):
         now = utc_now()
         self.db.execute(
             """UPDATE runs SET status = ?, duration_ms = ?, ended_at = ?, error_kind = ?,
-               reserved_ms = 0 WHERE id = ?""",
-            [status, duration_ms, now, error_kind, run_id],
+               reserved_ms = 0, egress = ? WHERE id = ?""",
+            [status, duration_ms, now, error_kind, _json_or_null(egress), run_id],
         )
         payer_kind, payer_id = (
             ("workflow_run", workflow_run_id) if workflow_run_id else ("workspace", workspace_id)
@@ -258,6 +279,7 @@ class RunsStore(AuditStore):
             detail={
                 "runId": run_id,
                 **({"workflowRunId": workflow_run_id} if workflow_run_id else {}),
+                **({"egress": egress} if egress is not None else {}),
             },
         )
 
@@ -282,7 +304,7 @@ class RunsStore(AuditStore):
 
     def get_run(self, run_id: str) -> RunRow | None:
         rows = list(self.db.query(_RUN_SQL + " WHERE r.id = ?", [run_id]))
-        return RunRow(**rows[0]) if rows else None
+        return _run_row(rows[0]) if rows else None
 
     def list_runs(
         self,
@@ -305,7 +327,7 @@ class RunsStore(AuditStore):
         rows = self.db.query(
             f"{_RUN_SQL} WHERE {' AND '.join(where)} ORDER BY r.id DESC LIMIT ?", [*args, limit]
         )
-        return [RunRow(**r) for r in rows]
+        return [_run_row(r) for r in rows]
 
     def latest_runs(self, install_id: str, per_tool: int) -> dict[str, list[RunRow]]:
         """The newest ``per_tool`` runs of each tool of an install."""
@@ -320,7 +342,7 @@ class RunsStore(AuditStore):
         found: dict[str, list[RunRow]] = {}
         for r in rows:
             r.pop("nth")
-            found.setdefault(r["tool"], []).append(RunRow(**r))
+            found.setdefault(r["tool"], []).append(_run_row(r))
         return found
 
     # --- the ledger ---------------------------------------------------------------------------

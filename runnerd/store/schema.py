@@ -246,10 +246,18 @@ def _m4_egress(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE installs ADD COLUMN egress TEXT NOT NULL DEFAULT '[]'")
 
 
+def _m5_run_egress(db: sqlite_utils.Database) -> None:
+    """What a run reached through the egress proxy: per destination, connections and
+    bytes each way, or why it was refused (JSON; NULL for a run without a grant). Never a
+    payload, a path or a header."""
+    db.execute("ALTER TABLE runs ADD COLUMN egress TEXT")
+
+
 # Append only: a migration, once released, never changes.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m1_apps_and_versions,
     _m2_people_installs_runs,
     _m3_governance,
     _m4_egress,
+    _m5_run_egress,
 ]

@@ -1,0 +1,277 @@
+"""Egress through the daemon's proxy, end to end: a live ``runnerd serve`` (and ``runnerd
+tool test``) whose tools call test servers in a network namespace this session made.
+No traffic goes to any other address.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import RUNNERD, AppDir, run_cli, tool_doc
+from daemon import Daemon
+from egress_lab import (
+    FETCH_PY,
+    HTTP_PORT,
+    HTTPS_PORT,
+    PROBE,
+    EgressLab,
+    app_dir,
+    history,
+    run_ok,
+)
+
+pytestmark = pytest.mark.jail
+
+SECRET = "sk_live_egress_4f9c2d7e1b"
+
+
+@pytest.fixture(scope="module")
+def daemon(egress_daemon: Daemon) -> Daemon:
+    return egress_daemon
+
+
+# --- what works -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tool", ["fetch_py", "fetch_js", "fetch_ts"])
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_tool_calls_a_granted_host(
+    daemon: Daemon, caller: str, lab: EgressLab, tool: str, scheme: str
+) -> None:
+    port = HTTP_PORT if scheme == "http" else HTTPS_PORT
+    url = f"{scheme}://api.test:{port}/{tool}-{scheme}"
+    result = run_ok(daemon, caller, tool, {"url": url, "ca": lab.ca_pem})
+    assert result["status"] == "succeeded", result["error"]
+    assert result["output"]["body"] == {
+        "hello": "from the test server",
+        "path": f"/{tool}-{scheme}",
+        "tls": scheme == "https",
+    }
+    [use] = history(daemon, caller, result["runId"])["egress"]
+    assert use["destination"] == f"api.test:{port}" and use["connections"] == 1
+    assert use["bytesSent"] > 0 and use["bytesReceived"] > 0 and "refused" not in use
+
+
+CLIENTS_PY = """\
+import os
+
+import httpx
+import requests
+
+
+def run(input):
+    with open("/tmp/ca.pem", "w") as f:
+        f.write(input["ca"])
+    os.environ["SSL_CERT_FILE"] = "/tmp/ca.pem"  # httpx trusts it from the environment
+    with httpx.Client(timeout=10) as client:
+        by_httpx = client.get(input["url"] + "-httpx").json()
+    by_requests = requests.get(input["url"] + "-requests", timeout=10, verify="/tmp/ca.pem").json()
+    return {"httpx": by_httpx["path"], "requests": by_requests["path"]}
+"""
+
+
+@pytest.mark.network
+def test_httpx_and_requests_as_pinned_packages_use_the_proxy(
+    daemon: Daemon, lab: EgressLab, tmp_path: Path
+) -> None:
+    root = app_dir(tmp_path / "clients", "clients", [f"api.test:{HTTPS_PORT}"], {})
+    AppDir(root).tool(
+        "clients",
+        yaml=tool_doc("clients", timeoutMs=15000, packages=["httpx==0.28.1", "requests==2.32.3"]),
+        source=CLIENTS_PY,
+    )
+    install = daemon.ship(root)
+    url = f"https://api.test:{HTTPS_PORT}/pinned"
+    result = run_ok(daemon, install["installId"], "clients", {"url": url, "ca": lab.ca_pem})
+    assert result["status"] == "succeeded", result["error"]
+    assert result["output"] == {"httpx": "/pinned-httpx", "requests": "/pinned-requests"}
+    [use] = history(daemon, install["installId"], result["runId"])["egress"]
+    assert use["connections"] == 2
+
+
+def test_a_secret_goes_to_the_granted_host_and_nowhere_else(
+    daemon: Daemon, caller: str, lab: EgressLab
+) -> None:
+    put = daemon.call(
+        "PUT",
+        f"/api/v2/apps/installs/{caller}/secrets/API_TOKEN",
+        daemon.admin_key,
+        json={"value": SECRET},
+    )
+    assert put.status_code == 200, put.text
+    url = f"https://api.test:{HTTPS_PORT}/bearer-check-7d1e"
+    result = run_ok(daemon, caller, "fetch_py", {"url": url, "ca": lab.ca_pem, "bearer": True})
+    assert result["status"] == "succeeded", result["error"]
+    received = [r for r in lab.received() if r["path"] == "/bearer-check-7d1e"]
+    assert received == [{"path": "/bearer-check-7d1e", "auth": f"Bearer {SECRET}"}]
+
+    # Neither the secret, nor the path, nor what the server answered is on disk or in
+    # the daemon's log: the run's figures are counts.
+    for path in daemon.data_dir.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            for needle in (SECRET.encode(), b"bearer-check-7d1e", b"from the test server"):
+                assert needle not in data, f"{needle!r} in {path}"
+
+
+def test_the_history_and_audit_show_what_a_run_reached(
+    daemon: Daemon, caller: str, lab: EgressLab
+) -> None:
+    result = run_ok(daemon, caller, "fetch_py", {"url": f"http://api.test:{HTTP_PORT}/history"})
+    assert result["status"] == "succeeded", result["error"]
+    audit = daemon.call(
+        "GET", "/api/v2/audit", daemon.admin_key, params={"workspaceId": daemon.workspace_id}
+    ).json()["data"]
+    entry = next(e for e in audit if e["detail"].get("runId") == result["runId"])
+    [use] = entry["detail"]["egress"]
+    assert use["destination"] == f"api.test:{HTTP_PORT}"
+    assert use == history(daemon, caller, result["runId"])["egress"][0]
+
+    listed = run_cli("runs", "list", "--app", "caller", "--tool", "fetch_py",
+                     env=daemon.client_env())  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert f"egress: api.test:{HTTP_PORT} 1 connection(s)" in listed.stdout
+
+
+# --- what is refused, fast --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "reason", "why"),
+    [
+        (f"http://api.test:{HTTP_PORT + 1}/", "not granted", "not in this run's egress grant"),
+        (f"http://other.test:{HTTP_PORT}/", "not granted", "not in this run's egress grant"),
+        (f"http://loop.test:{HTTP_PORT}/", "private address", "127.0.0.1 is a loopback"),
+        ("http://metadata.test/latest/meta-data/", "private address", "169.254.169.254"),
+        ("http://private.test/", "private address", "10.1.2.3 is a private"),
+        (f"http://gateway.test:{HTTP_PORT}/", "private address", "an address of this host"),
+    ],
+)
+def test_a_refused_destination_fails_the_run_with_the_reason(
+    daemon: Daemon, caller: str, url: str, reason: str, why: str
+) -> None:
+    result = run_ok(daemon, caller, "fetch_py", {"url": url})
+    assert result["status"] == "failed"
+    assert "403" in result["error"] and f"({reason})" in result["error"] and why in result["error"]
+    [use] = history(daemon, caller, result["runId"])["egress"]
+    assert use["refused"] == reason and use["connections"] == 0
+
+
+def test_the_daemons_own_port_is_refused(daemon: Daemon, caller: str) -> None:
+    for tool in ("fetch_py", "fetch_js"):
+        result = run_ok(daemon, caller, tool, {"url": f"http://127.0.0.1:{daemon.port}/healthz"})
+        assert result["status"] == "failed"
+        assert "(private address)" in result["error"] and "loopback" in result["error"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("direct", "Network is unreachable"),
+        ("udp", "Network is unreachable"),
+        ("dns", "gaierror"),
+    ],
+)
+def test_bypassing_the_proxy_fails_fast(
+    daemon: Daemon, caller: str, lab: EgressLab, mode: str, expected: str
+) -> None:
+    result = run_ok(daemon, caller, "probe", {"mode": mode, "ip": lab.server_ip})
+    assert result["status"] == "succeeded", result["error"]
+    assert expected in result["output"]["error"]
+    assert result["output"]["ms"] < 2000  # an error at once, not a wait for the 15 s timeout
+
+
+def test_a_run_without_a_grant_has_no_proxy(daemon: Daemon, tmp_path: Path) -> None:
+    install = daemon.ship(app_dir(tmp_path / "plain", "nogrant", [], {"probe": (".py", PROBE)}))
+    result = run_ok(daemon, install["installId"], "probe", {"mode": "forged"})
+    assert "FileNotFoundError" in result["output"]["error"]
+    assert history(daemon, install["installId"], result["runId"]).get("egress") is None
+
+
+def test_concurrent_runs_of_two_installs_keep_their_own_grants(
+    daemon: Daemon, caller: str, lab: EgressLab, tmp_path: Path
+) -> None:
+    other = daemon.ship(
+        app_dir(tmp_path / "other", "other", [f"other.test:{HTTP_PORT}"], {"probe": (".py", PROBE)})
+    )["installId"]
+    held: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: held.update(
+            run_ok(daemon, other, "probe", {"mode": "report_token", "sleep": 3})
+        )
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        token = None
+        while token is None and time.monotonic() < deadline:
+            paths = [r["path"] for r in lab.received() if r["path"].startswith("/token/")]
+            token = paths[-1].removeprefix("/token/") if paths else None
+            time.sleep(0.05)
+        assert token, "the other install's run never reached its granted host"
+        # While that run is live, its credential does not work from another jail, and this
+        # install's grant does not include the other's destination.
+        stolen = run_ok(daemon, caller, "probe", {"mode": "forged", "token": token})
+        assert stolen["output"]["answer"].startswith("HTTP/1.1 407"), stolen["output"]
+        crossed = run_ok(daemon, caller, "fetch_py", {"url": f"http://other.test:{HTTP_PORT}/"})
+        assert crossed["status"] == "failed" and "(not granted)" in crossed["error"]
+        assert thread.is_alive(), "the other run ended before the checks: they proved nothing"
+    finally:
+        thread.join()
+    assert held["status"] == "succeeded", held
+
+
+def test_the_byte_cap_cuts_a_large_download(daemon: Daemon, caller: str) -> None:
+    value = {
+        "mode": "big",
+        "url": f"http://api.test:{HTTP_PORT}/big?bytes=3000000",
+        "again": f"http://api.test:{HTTP_PORT}/small",
+    }
+    result = run_ok(daemon, caller, "probe", value)
+    assert result["status"] == "succeeded", result["error"]
+    assert result["output"]["first"] != "whole"
+    assert "(cap reached)" in result["output"]["then"]
+    [use] = history(daemon, caller, result["runId"])["egress"]
+    assert use["bytesReceived"] <= 1024 * 1024 + 65536 + 1024
+
+
+# --- tool test --egress ---------------------------------------------------------------------
+
+
+def test_tool_test_grants_egress_for_one_local_run(lab: EgressLab, tmp_path: Path) -> None:
+    app = AppDir(tmp_path)
+    app.tool("fetch_py", yaml=tool_doc("fetch_py"), source=FETCH_PY)
+    tool = str(tmp_path / "tools" / "fetch_py.tool.yaml")
+    url = json.dumps({"url": f"https://api.test:{HTTPS_PORT}/local", "ca": lab.ca_pem})
+    env = {"RUNNERD_EGRESS_ALLOW_NETWORKS": lab.network}
+    argv = [RUNNERD, "tool", "test", tool, "--input", url, "--json"]
+
+    def local(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            lab.wrap([*argv, *extra]),
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            timeout=60,
+        )
+
+    granted = local("--egress", f"api.test:{HTTPS_PORT}")
+    found = json.loads(granted.stdout)
+    assert found["status"] == "succeeded", found
+    assert found["output"]["body"]["path"] == "/local"
+    assert found["egress"][0]["destination"] == f"api.test:{HTTPS_PORT}"
+
+    refused = json.loads(local("--egress", f"api.test:{HTTP_PORT}").stdout)
+    assert refused["status"] == "failed" and "(not granted)" in refused["error"]
+    without = json.loads(local().stdout)
+    assert without["status"] == "failed" and "egress" not in without
+    bad = local("--egress", "https://api.test")
+    assert bad.returncode == 2 and "--egress https://api.test" in bad.stderr
