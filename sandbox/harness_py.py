@@ -180,6 +180,7 @@ def _relay(socket_path, token):
                         inner.close()
                         outer.close()
                         continue
+                    inner.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     for end, other in ((inner, outer), (outer, inner)):
                         end.setblocking(False)
                         peer[end] = other

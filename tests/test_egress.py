@@ -1,10 +1,10 @@
-"""Egress grants: the app asks in its manifest, installing grants, an admin narrows.
-
-(The proxy that enforces a grant comes next; until then a jail still has no network.)
-"""
+"""Egress grants: the app asks in its manifest, installing grants, an admin narrows; the
+address rules of the proxy and the settings that open internal ranges. (The proxy itself,
+end to end, is tests/test_egress_proxy.py.)"""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,9 @@ import pytest
 
 from conftest import AppDir, run_cli, write_app
 from daemon import Daemon, envelope
+from runnerd.config import ConfigError, load_settings
 from runnerd.egress import EgressError, covers, parse
+from runnerd.run.proxy import address_refusal, parse_networks
 
 PY = "def run(i):\n    return {}\n"
 
@@ -69,6 +71,74 @@ def test_a_grant_covers_only_what_it_names() -> None:
     assert not covers(parse("x.com:443"), parse("x.com"))  # that is 443 and 80
     assert not covers(parse("x.com"), parse("x.com:8443"))
     assert not covers(parse("198.18.0.2"), parse("198.18.0.3"))
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("127.0.0.1", "loopback"),
+        ("::1", "loopback"),
+        ("169.254.169.254", "link-local"),
+        ("fe80::1", "link-local"),
+        ("10.0.0.1", "private"),
+        ("172.16.5.4", "private"),
+        ("192.168.1.1", "private"),
+        ("100.64.0.1", "carrier-grade NAT"),
+        ("224.0.0.251", "multicast"),
+        ("ff02::1", "multicast"),
+        ("0.0.0.0", "unspecified"),
+        ("::", "unspecified"),
+        ("::ffff:127.0.0.1", "IPv4-mapped"),
+        ("::ffff:93.184.216.34", "IPv4-mapped"),
+        ("fd00::1", "private"),
+        ("fec0::1", "site-local"),
+        ("2002:a00:1::", "6to4"),  # 6to4 of 10.0.0.1
+        ("198.18.0.2", "private"),  # benchmarking range: only when allowed
+        ("240.0.0.1", "private"),
+    ],
+)
+def test_the_proxy_refuses_every_address_class_that_is_not_the_internet(
+    address: str, why: str
+) -> None:
+    found = address_refusal(ipaddress.ip_address(address), ())
+    assert found is not None and why in found
+
+
+def test_public_addresses_and_allowed_networks_pass() -> None:
+    allowed = parse_networks(["198.18.0.0/24", "10.20.0.0/16"])
+    for address in ("93.184.216.34", "2606:2800:220:1::1", "198.18.0.2", "10.20.3.4"):
+        assert address_refusal(ipaddress.ip_address(address), allowed) is None, address
+    assert address_refusal(ipaddress.ip_address("10.21.0.1"), allowed) is not None
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ("10.0.0.0/33", "not a network in CIDR form"),
+        ("crm.internal", "not a network in CIDR form"),
+        ("127.0.0.0/8", "overlaps 127.0.0.0/8"),
+        ("0.0.0.0/0", "overlaps"),
+        ("169.254.0.0/16", "overlaps 169.254.0.0/16"),
+        ("::/0", "overlaps"),
+    ],
+)
+def test_egress_allow_networks_refuses_what_egress_never_reaches(
+    tmp_path: Path, entry: str, why: str
+) -> None:
+    config = tmp_path / "runnerd.toml"
+    config.write_text(f"egress_allow_networks = [{json.dumps(entry)}]\n")
+    with pytest.raises(ConfigError, match=f"egress_allow_networks: .*{why}"):
+        load_settings(config_file=config, env={})
+
+
+def test_egress_settings_from_the_config_file_and_the_environment(tmp_path: Path) -> None:
+    config = tmp_path / "runnerd.toml"
+    config.write_text('egress_allow_networks = ["198.18.0.0/24"]\negress_max_mb = 8\n')
+    settings = load_settings(config_file=config, env={})
+    assert settings.egress_allow_networks == ("198.18.0.0/24",)
+    assert settings.egress_max_mb == 8
+    env = {"RUNNERD_EGRESS_ALLOW_NETWORKS": "198.18.0.0/24, 10.20.0.0/16"}
+    assert load_settings(env=env).egress_allow_networks == ("198.18.0.0/24", "10.20.0.0/16")
 
 
 def test_upload_refuses_bad_and_repeated_entries_with_their_line(tmp_path: Path) -> None:
