@@ -28,16 +28,20 @@ import base64
 import contextlib
 import hmac
 import ipaddress
+import logging
 import os
 import secrets
 import socket
 import struct
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runnerd.egress import Destination, EgressError, covers, parse
+
+log = logging.getLogger("runnerd.egress")
 
 __all__ = [
     "CAP_REACHED",
@@ -53,6 +57,7 @@ NOT_GRANTED, PRIVATE_ADDRESS, CAP_REACHED = "not granted", "private address", "c
 HEAD_LIMIT = 16 * 1024  # a request line and headers; more is not a proxy request
 HEAD_TIMEOUT_S = 10.0  # to send them, once connected
 RESOLVE_TIMEOUT_S = 5.0
+RESOLVER_THREADS = 4
 CHUNK = 64 * 1024
 MAX_FIGURES = 32  # destinations recorded per run; the rest are summed under "other"
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
@@ -200,6 +205,8 @@ class EgressProxy:
         self.max_bytes = max_bytes
         self.connect_timeout_s = connect_timeout_s
         self._server: asyncio.AbstractServer | None = None
+        # Names resolve in threads of the proxy's own: slow DNS never holds the daemon's.
+        self._resolver = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="egress-dns")
         self._starting = asyncio.Lock()
         self._by_token: dict[str, EgressPass] = {}
         self._by_uid: dict[int, EgressPass] = {}
@@ -229,6 +236,7 @@ class EgressProxy:
             self._server = None
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
+        self._resolver.shutdown(wait=False, cancel_futures=True)
 
     def open_run(self, grant: Iterable[str]) -> EgressPass:
         """A credential for one run, good for ``grant`` until end_run."""
@@ -281,8 +289,10 @@ class EgressProxy:
                 await _answer(writer, refusal)
                 return
             await self._pump(owner, use, (reader, writer), (upstream_reader, upstream))
-        except (ConnectionError, OSError, asyncio.CancelledError):
+        except (ConnectionError, OSError):
             pass
+        except Exception as exc:  # a bug here must not lose the daemon's loop; no content
+            log.error("egress proxy: %s on a connection", type(exc).__name__)
         finally:
             owner.writers.discard(writer)
             if upstream is not None:
@@ -335,9 +345,9 @@ class EgressProxy:
             )
             owner.use(where).refused = CAP_REACHED
             raise _Refusal(403, CAP_REACHED, f"this run reached its egress {owner.capped} cap")
+        owner.connections += 1  # every attempt counts: a resolution or a connect costs too
         addresses = await self._addresses(owner, wanted, where)
         reader, upstream = await self._connect(addresses, port, where)
-        owner.connections += 1
         use = owner.use(where)
         use.connections += 1
         owner.writers.add(upstream)
@@ -379,7 +389,7 @@ class EgressProxy:
             loop = asyncio.get_running_loop()
             try:
                 infos = await asyncio.wait_for(
-                    loop.getaddrinfo(wanted.host, wanted.port, type=socket.SOCK_STREAM),
+                    loop.run_in_executor(self._resolver, _resolve, wanted.host, wanted.port),
                     RESOLVE_TIMEOUT_S,
                 )
             except (OSError, TimeoutError):
@@ -460,6 +470,10 @@ class EgressProxy:
             copy(upstream[0], client[1], False),
             return_exceptions=True,
         )
+
+
+def _resolve(host: str, port: int | None) -> list[Any]:
+    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
 
 
 def _peer_uid(writer: asyncio.StreamWriter) -> int | None:
