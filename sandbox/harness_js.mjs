@@ -28,12 +28,22 @@ function stackOf(err) {
     .join('\n');
 }
 
+// What the jail's own network answers: it has only lo, and no resolver.
+const NO_NETWORK = new Set(['ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN']);
+
 // fetch says only 'fetch failed'; what failed is in its cause (a refusal, a TLS error).
 function messageOf(err) {
   let message = String(err.message);
+  let offline = NO_NETWORK.has(err.code);
   let cause = err.cause;
   for (let depth = 0; cause && depth < 3; depth += 1, cause = cause.cause) {
     message += ` (cause: ${cause instanceof Error ? cause.message : String(cause)})`;
+    offline ||= NO_NETWORK.has(cause.code);
+  }
+  if (offline) {
+    message += request.egress
+      ? ' [runnerd: the jail has no network of its own; use fetch, or connect through the egress proxy in HTTPS_PROXY]'
+      : ' [runnerd: this run has no network: a tool reaches another system only through egress its app lists in agentserve.app.yaml and its install grants]';
   }
   return message;
 }

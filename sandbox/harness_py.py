@@ -69,6 +69,28 @@ def _text(exc):
         return f"<{type(exc).__name__} with an unprintable message>"
 
 
+# ENETUNREACH, and getaddrinfo's EAI_AGAIN, EAI_NONAME, EAI_NODATA: what a jail's own
+# network answers (it has only lo, and no resolver).
+_NO_NETWORK = {101, -3, -2, -5}
+
+
+def _network_hint(exc, egress):
+    """A sentence for an error that came from the jail's lack of a network."""
+    seen = []
+    while exc is not None and len(seen) < 8 and exc not in seen:
+        seen.append(exc)
+        if isinstance(exc, OSError) and exc.errno in _NO_NETWORK:
+            if egress:
+                return (" [runnerd: the jail has no network of its own; connect through the "
+                        "egress proxy in HTTP_PROXY/HTTPS_PROXY, which resolves names]")
+            return (" [runnerd: this run has no network: a tool reaches another system only "
+                    "through egress its app lists in agentserve.app.yaml and its install "
+                    "grants]")
+        reason = getattr(exc, "reason", None)  # urllib's URLError wraps the OSError
+        exc = reason if isinstance(reason, BaseException) else exc.__cause__ or exc.__context__
+    return ""
+
+
 def _load(code, display):
     module = type(sys)("tool")
     module.__file__ = display
@@ -218,7 +240,7 @@ def main():
             "ok": False,
             "kind": "error",
             "type": type(exc).__name__,
-            "message": _text(exc),
+            "message": _text(exc) + _network_hint(exc, bool(egress)),
             "stack": _stack(exc, code, display),
         }
     if reply is None:

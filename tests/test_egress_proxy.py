@@ -193,11 +193,16 @@ def test_bypassing_the_proxy_fails_fast(
     assert result["output"]["ms"] < 2000  # an error at once, not a wait for the 15 s timeout
 
 
-def test_a_run_without_a_grant_has_no_proxy(daemon: Daemon, tmp_path: Path) -> None:
-    install = daemon.ship(app_dir(tmp_path / "plain", "nogrant", [], {"probe": (".py", PROBE)}))
-    result = run_ok(daemon, install["installId"], "probe", {"mode": "forged"})
+def test_a_run_without_a_grant_has_no_proxy_and_says_so(daemon: Daemon, tmp_path: Path) -> None:
+    tools = {"probe": (".py", PROBE), "fetch_py": (".py", FETCH_PY), "fetch_js": (".mjs", FETCH_JS)}
+    install = daemon.ship(app_dir(tmp_path / "plain", "nogrant", [], tools))["installId"]
+    result = run_ok(daemon, install, "probe", {"mode": "forged"})
     assert "FileNotFoundError" in result["output"]["error"]
-    assert history(daemon, install["installId"], result["runId"]).get("egress") is None
+    assert history(daemon, install, result["runId"]).get("egress") is None
+    for tool in ("fetch_py", "fetch_js"):
+        failed = run_ok(daemon, install, tool, {"url": f"http://api.test:{HTTP_PORT}/"})
+        assert failed["status"] == "failed"
+        assert "[runnerd: this run has no network" in failed["error"], failed["error"]
 
 
 def test_concurrent_runs_of_two_installs_keep_their_own_grants(
