@@ -83,6 +83,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # run off the event loop; a check past it is abandoned and the call refused (input)
     # or the run failed (output).
     check_budget_ms: int = 2_000
+    # The Manage page: how long a browser session lasts (sign-in links last 10 minutes).
+    session_hours: int = 12
     # Egress (tools that call other systems, through the daemon's proxy): internal ranges
     # (CIDR) a granted destination may resolve to, which are otherwise refused as
     # private; per run, the connections it may open, the megabytes it may move (both

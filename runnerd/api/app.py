@@ -14,9 +14,10 @@ from typing import IO, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from runnerd import __version__
 from runnerd.api.errors import ApiError, code_for_status, error_response, from_domain
@@ -30,6 +31,8 @@ from runnerd.run.engine import build_engine
 from runnerd.run.jail import JailKind
 from runnerd.store import Store
 from runnerd.vault import Vault
+from runnerd.web.cookies import CookieSigner
+from runnerd.web.pages import SecurityHeaders, web_routes
 
 __all__ = ["OPS", "create_app"]
 
@@ -129,6 +132,7 @@ def create_app(settings: Settings) -> Starlette:
             engine=engine,
             limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
             calls=calls,
+            cookies=CookieSigner.from_file(settings.data_dir / "session.key"),
         )
         expiry = asyncio.ensure_future(_expire_approvals(calls))
         languages = [
@@ -151,9 +155,11 @@ def create_app(settings: Settings) -> Starlette:
             store.close()
             lock.close()
 
-    routes = [Route(op.path, _endpoint(op), methods=[op.method]) for op in OPS]
+    routes: list[BaseRoute] = [Route(op.path, _endpoint(op), methods=[op.method]) for op in OPS]
+    routes += web_routes()
     return Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[Middleware(SecurityHeaders)],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error},
     )

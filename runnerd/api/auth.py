@@ -7,10 +7,15 @@ Kinds of key:
 - workspace: acts for a workspace, not a person. Seed 000: tool endpoints refuse it,
   "because a tool always runs for a person whose access can be checked". It may list,
   deploy and publish apps (a CI pipeline's key), nothing else.
+
+The Manage page signs in with a session cookie instead (runnerd/web): a session acts
+as its person's personal key, under exactly the same rules, and every request that
+changes state must also carry the session's CSRF token in ``X-CSRF-Token``.
 """
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,17 +23,22 @@ from starlette.requests import Request
 
 from runnerd.access import ROLE_RANK
 from runnerd.api.errors import ApiError
-from runnerd.store import KeyRecord, MembershipRecord, Store
+from runnerd.store import KeyRecord, MembershipRecord, SessionRecord, Store
+from runnerd.web.cookies import CookieSigner
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState
 
-__all__ = ["Caller", "authenticate", "caller_of"]
+__all__ = ["Caller", "authenticate", "caller_of", "session_key"]
+
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 @dataclass(frozen=True)
 class Caller:
     key: KeyRecord
+    session: SessionRecord | None = None  # signed in on the Manage page
 
     @property
     def user_id(self) -> str | None:
@@ -72,18 +82,46 @@ class Caller:
 def caller_of(request: Request, state: AppState, scope: str) -> Caller:
     """Authenticate, check the token scope, and spend one rate-limit token: the first
     step of every authenticated route, always in this order (401, 403, 429)."""
-    caller = authenticate(request, state.store)
+    caller = authenticate(request, state.store, state.cookies)
     caller.need_scope(scope)
     state.limiter.take(caller.key.id)
     return caller
 
 
-def authenticate(request: Request, store: Store) -> Caller:
-    """The caller of ``request`` from its X-API-Key header; 401 if missing or unknown."""
+def authenticate(request: Request, store: Store, cookies: CookieSigner | None = None) -> Caller:
+    """The caller of ``request``: its X-API-Key header, else its session cookie (with the
+    session's CSRF token on any request that changes state); 401 if neither is valid."""
     plaintext = request.headers.get("x-api-key", "").strip()
-    if not plaintext:
+    if plaintext:
+        key = store.find_key(plaintext)
+        if key is None:
+            raise ApiError("UNAUTHORIZED", "Invalid or revoked API key")
+        return Caller(key)
+    secret = cookies.secret_of(request) if cookies is not None else None
+    if secret is None:
         raise ApiError("UNAUTHORIZED")
-    key = store.find_key(plaintext)
-    if key is None:
-        raise ApiError("UNAUTHORIZED", "Invalid or revoked API key")
-    return Caller(key)
+    session = store.find_session(secret)
+    if session is None:
+        raise ApiError("UNAUTHORIZED", "The session has ended: sign in again")
+    if request.method not in SAFE_METHODS:
+        sent = request.headers.get("x-csrf-token", "")
+        if not hmac.compare_digest(sent.encode(), session.csrf.encode()):
+            raise ApiError.forbidden(
+                "CSRF_TOKEN_INVALID",
+                "this request changes state and lacks the session's CSRF token",
+            )
+    return Caller(session_key(session), session)
+
+
+def session_key(session: SessionRecord) -> KeyRecord:
+    """The personal key a session acts as (its id names the session in the audit)."""
+    return KeyRecord(
+        id=session.id,
+        kind="personal",
+        user_id=session.user_id,
+        workspace_id=None,
+        scopes=(),
+        name="Manage page session",
+        prefix="",
+        created_at="",
+    )

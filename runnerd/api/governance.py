@@ -4,7 +4,10 @@ recorded."""
 
 from __future__ import annotations
 
+import csv
+import io
 import re
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -33,6 +36,8 @@ from runnerd.api.wire import (
     SecretBody,
     SecretInfo,
     SecretList,
+    UsageDay,
+    UsageList,
     wire_view,
 )
 from runnerd.calls import Who
@@ -62,6 +67,12 @@ def _install(request: Request, state: AppState, caller: Caller, role: str) -> In
             caller.member(state.store, install.workspace_id, role=role)
             return install
     raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
+
+
+def install_for_reading(request: Request, state: AppState, caller: Caller) -> InstallRecord:
+    """The install of the path for a person who may read its runs (viewer and up)."""
+    caller.need_person()
+    return _install(request, state, caller, "viewer")
 
 
 def _who(caller: Caller) -> Who:
@@ -191,7 +202,29 @@ async def get_ledger(request: Request, state: AppState) -> Response:
         app_id=request.query_params.get("appId"),
         payer_id=request.query_params.get("payer"),
     )
+    if request.query_params.get("format") == "csv":
+        return _csv(rows, f"runnerd-ledger-{month or 'all'}.csv")
     return json_response(LedgerList(data=[LedgerRow(**r) for r in rows]))
+
+
+def _csv(rows: list[dict[str, Any]], filename: str) -> Response:
+    """Ledger rows as CSV, the wire's column names (camelCase) as the header."""
+    out = io.StringIO()
+    fields = list(LedgerRow.__struct_fields__)
+    writer = csv.writer(out)
+    writer.writerow([_camel(f) for f in fields])
+    for row in rows:
+        writer.writerow(["" if row.get(f) is None else row[f] for f in fields])
+    return Response(
+        out.getvalue(),
+        media_type="text/csv; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
 
 
 async def get_audit(request: Request, state: AppState) -> Response:
@@ -298,6 +331,15 @@ async def list_runs(request: Request, state: AppState) -> Response:
     return json_response(RunList(data=[_run_info(r) for r in rows], next_cursor=next_cursor))
 
 
+async def usage(request: Request, state: AppState) -> Response:
+    caller = caller_of(request, state, "api:read")
+    caller.need_person()
+    install = _install(request, state, caller, "viewer")
+    days = int_query(request, "days", 30, 1, 366)
+    rows = state.store.usage_by_day(install.id, days)
+    return json_response(UsageList(data=[UsageDay(**r) for r in rows]))
+
+
 async def latest_runs(request: Request, state: AppState) -> Response:
     caller = caller_of(request, state, "api:read")
     caller.need_person()
@@ -394,6 +436,16 @@ OPS = [
     ),
     Op(
         "GET",
+        "/api/v2/apps/installs/{installId}/usage",
+        "installUsage",
+        "Runs per day by status, and sandbox time per day, of an install",
+        usage,
+        UsageList,
+        params=(_INSTALL, Param("days", "1 to 366 (default 30).", integer=(1, 366))),
+        description="Days are UTC; a day without runs is absent.",
+    ),
+    Op(
+        "GET",
         "/api/v2/runs/{runId}",
         "getRun",
         "One run, with its output while held in memory",
@@ -414,7 +466,15 @@ OPS = [
             Param("installId", "Only this install.", max_length=64),
             Param("appId", "Only this app.", max_length=64),
             Param("payer", "Only this payer (workspace id or workflow run id).", max_length=128),
+            Param(
+                "format",
+                "csv for a CSV download (default: JSON).",
+                max_length=4,
+                pattern="^(json|csv)$",
+            ),
         ),
+        description="With format=csv, the same rows as a CSV file (text/csv), one column "
+        "per field.",
     ),
     Op(
         "GET",

@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from runnerd.api import apps as apps_ops
 from runnerd.api import governance as governance_ops
+from runnerd.api import people as people_ops
 from runnerd.api import tools as tools_ops
 from runnerd.api.errors import ApiError
 from runnerd.api.openapi import openapi_document
@@ -57,6 +58,7 @@ OPS: list[Op] = [
     *tools_ops.OPS,
     *apps_ops.OPS,
     *governance_ops.OPS,
+    *people_ops.OPS,
     Op("GET", "/healthz", "healthz", "Alive", healthz, Health, errors=(500,), authenticated=False),
     Op(
         "GET",

@@ -9,6 +9,7 @@ from runnerd.calls import Calls
 from runnerd.config import Settings
 from runnerd.run.engine import Engine
 from runnerd.store import Store
+from runnerd.web.cookies import CookieSigner
 
 __all__ = ["AppState"]
 
@@ -20,3 +21,4 @@ class AppState:
     engine: Engine
     limiter: RateLimiter
     calls: Calls
+    cookies: CookieSigner

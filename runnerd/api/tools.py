@@ -9,10 +9,19 @@ from runnerd.api.auth import Caller, caller_of
 from runnerd.api.errors import ApiError, from_domain
 from runnerd.api.ops import Op, Param, json_response, read_body
 from runnerd.api.state import AppState
-from runnerd.api.wire import PendingApproval, RunBody, RunResponse, ToolInfo, ToolList
+from runnerd.api.wire import (
+    InputVerdict,
+    PendingApproval,
+    RunBody,
+    RunResponse,
+    ToolDetail,
+    ToolInfo,
+    ToolList,
+)
 from runnerd.calls import Pending, Who
 from runnerd.constants import MAX_INPUT_BYTES
-from runnerd.store import InstallRecord
+from runnerd.run.runner import tool_key
+from runnerd.store import InstallRecord, ToolRecord
 
 __all__ = ["OPS", "int_query", "query_param"]
 
@@ -73,21 +82,7 @@ async def list_tools(request: Request, state: AppState) -> Response:
                 details={"code": "INSTALL_NOT_FOUND"},
             )
     data = [
-        ToolInfo(
-            reference=f"{install.app_slug}/{tool.name}",
-            name=tool.name,
-            description=tool.description,
-            effect=tool.effect,  # type: ignore[arg-type]
-            language=tool.language,  # type: ignore[arg-type]
-            input_schema=tool.input_schema,
-            output_schema=tool.output_schema,
-            timeout_ms=tool.timeout_ms,
-            app_id=install.app_id,
-            app_slug=install.app_slug,
-            install_id=install.id,
-            version_id=install.version_id,
-            version=install.version,
-        )
+        _tool_info(install, tool)
         for install, tool in state.store.installed_tools(workspace_id, install_id)
     ]
     return json_response(ToolList(data=data, next_cursor=None))
@@ -192,7 +187,86 @@ async def run_by_reference(request: Request, state: AppState) -> Response:
     return await _run(request, state, caller, install, request.path_params["toolName"], body)
 
 
+def _tool_info(install: InstallRecord, tool: ToolRecord) -> ToolInfo:
+    return ToolInfo(
+        reference=f"{install.app_slug}/{tool.name}",
+        name=tool.name,
+        description=tool.description,
+        effect=tool.effect,  # type: ignore[arg-type]
+        language=tool.language,  # type: ignore[arg-type]
+        input_schema=tool.input_schema,
+        output_schema=tool.output_schema,
+        timeout_ms=tool.timeout_ms,
+        app_id=install.app_id,
+        app_slug=install.app_slug,
+        install_id=install.id,
+        version_id=install.version_id,
+        version=install.version,
+    )
+
+
+def _visible_install(request: Request, state: AppState, caller: Caller, role: str) -> InstallRecord:
+    install = state.store.get_install(request.path_params["installId"])
+    user_id = caller.need_person()
+    if install is None or state.store.membership(install.workspace_id, user_id) is None:
+        raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
+    caller.member(state.store, install.workspace_id, role=role)
+    return install
+
+
+async def get_tool(request: Request, state: AppState) -> Response:
+    caller = caller_of(request, state, "api:read")
+    install = _visible_install(request, state, caller, "viewer")
+    tool = state.calls.tool(install, request.path_params["toolName"])
+    return json_response(
+        ToolDetail(
+            tool=_tool_info(install, tool),
+            packages=list(tool.packages),
+            egress=list(install.egress),
+        )
+    )
+
+
+async def check_tool_input(request: Request, state: AppState) -> Response:
+    """The run's own input check, without the run: what the Manage page's test form asks
+    before it sends, so it can show a refusal next to its field."""
+    caller = _caller_for_run(request, state)
+    install = _visible_install(request, state, caller, "member")
+    tool = state.calls.tool(install, request.path_params["toolName"])
+    body = await read_body(request, RunBody, RUN_BODY_LIMIT, nesting_reason="INVALID_INPUT")
+    await state.calls.runner.check_input(tool, body.input, key=tool_key(tool, install.version_id))
+    return json_response(InputVerdict(valid=True))
+
+
+_TOOL_PARAMS = (
+    Param("installId", "The install.", required=True, max_length=64, where="path"),
+    Param("toolName", "The tool's name.", required=True, max_length=40, where="path"),
+)
+
 OPS = [
+    Op(
+        "GET",
+        "/api/v2/apps/installs/{installId}/tools/{toolName}",
+        "getTool",
+        "A tool of an install, with its packages and the install's egress grant",
+        get_tool,
+        ToolDetail,
+        params=_TOOL_PARAMS,
+    ),
+    Op(
+        "POST",
+        "/api/v2/apps/installs/{installId}/tools/{toolName}/check",
+        "checkToolInput",
+        "Check an input against the tool's input schema, without running it",
+        check_tool_input,
+        InputVerdict,
+        body=RunBody,
+        params=_TOOL_PARAMS,
+        errors=(400, 401, 403, 404, 409, 429, 500),
+        description="The same checks a run makes before its sandbox starts (size, nesting, "
+        "schema), with the same refusals (INVALID_INPUT with its pointer, INPUT_TOO_LARGE); "
+        "nothing runs, nothing is metered.",
+    ),
     Op(
         "GET",
         "/api/v2/apps/tools",

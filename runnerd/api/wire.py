@@ -324,3 +324,120 @@ class RunList(_Wire):
 
 class LatestRuns(_Wire):
     data: dict[str, list[RunInfo]]
+
+
+# --- the Manage page: sessions, people, keys ------------------------------------------------
+
+Role = Literal["admin", "builder", "member", "viewer"]
+
+
+class SignInBody(_Wire):
+    api_key: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+    login_token: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+
+
+class WorkspaceRole(_Wire):
+    workspace_id: str
+    name: str
+    role: Role
+    apps_access: bool
+    approver: bool
+
+
+class SessionInfo(_Wire, omit_defaults=False):
+    """The signed-in person, the workspaces they belong to, and the session's CSRF token
+    (null when the caller used an API key)."""
+
+    user_id: str
+    email: str
+    csrf_token: str | None
+    expires_at: str | None
+    workspaces: list[WorkspaceRole]
+
+
+class SignedOut(_Wire):
+    signed_out: bool
+
+
+class MemberBody(_Wire):
+    email: Annotated[str, msgspec.Meta(min_length=3, max_length=254, pattern=r"^[^@\s]+@[^@\s]+$")]
+    role: Role = "member"
+    apps_access: bool = True
+    approver: bool = False
+
+
+class MemberInfo(_Wire):
+    user_id: str
+    email: str
+    role: Role
+    apps_access: bool
+    approver: bool
+
+
+class MemberList(_Wire):
+    data: list[MemberInfo]
+
+
+class KeyInfo(_Wire):
+    key_id: str
+    kind: Literal["personal", "workspace", "token"]
+    name: str
+    prefix: str  # the first characters, to tell keys apart; never the key
+    created_at: str
+    user_id: str | None = None
+    email: str | None = None
+    scopes: list[str] = []
+
+
+class KeyList(_Wire):
+    data: list[KeyInfo]
+
+
+class NewKeyBody(_Wire):
+    kind: Literal["personal", "workspace", "token"]
+    name: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    email: Annotated[str, msgspec.Meta(min_length=3, max_length=254)] | None = None
+    scopes: list[Literal["api:read", "tools:run", "apps:write"]] = []
+
+
+class NewKey(_Wire):
+    """A new key: ``apiKey`` is its plaintext, shown in this answer only."""
+
+    key: KeyInfo
+    api_key: str
+
+
+class Revoked(_Wire):
+    key_id: str
+    revoked: bool
+
+
+class AuditVerdict(_Wire, omit_defaults=False):
+    ok: bool
+    entries: int
+    first_break: int | None  # the seq of the first entry whose chain breaks
+
+
+class UsageDay(_Wire):
+    day: str  # YYYY-MM-DD (UTC)
+    succeeded: int
+    failed: int
+    timed_out: int
+    running: int
+    sandbox_ms: int
+
+
+class UsageList(_Wire):
+    data: list[UsageDay]
+
+
+class ToolDetail(_Wire):
+    """A tool of an install's version, with what List App Tools does not show."""
+
+    tool: ToolInfo
+    packages: list[str]
+    egress: list[str]  # what the install may reach (its grant)
+
+
+class InputVerdict(_Wire):
+    valid: bool

@@ -149,6 +149,27 @@ def cmd_workspace_key(args: argparse.Namespace) -> int:
     return _new_key(args, kind="workspace", workspace_id=ws)
 
 
+def cmd_login_link(args: argparse.Namespace) -> int:
+    """A one-time sign-in link for the Manage page (good once, for 10 minutes). The token
+    is in the URL's fragment, which browsers never send: no server or proxy logs it."""
+    from runnerd.api.people import LOGIN_LINK_TTL_S
+
+    settings = settings_from_args(args)
+    store = Store.in_data_dir(settings.data_dir)
+    rows = list(store.db.query("SELECT id FROM users WHERE email = ?", [args.email]))
+    if not rows:
+        print(f"runnerd: no person with the email {args.email}", file=sys.stderr)
+        return 1
+    token = store.create_login_link(str(rows[0]["id"]), ttl_s=LOGIN_LINK_TTL_S)
+    base = args.url or f"http://{settings.host}:{settings.port}"
+    link = f"{base.rstrip('/')}/login#token={token}"
+    return output(
+        args,
+        {"url": link, "expiresInSeconds": LOGIN_LINK_TTL_S},
+        lambda: print(f"{link}\n(good once, for {LOGIN_LINK_TTL_S // 60} minutes)"),
+    )
+
+
 def cmd_revoke_key(args: argparse.Namespace) -> int:
     done = _store(args).revoke_key(args.key_id)
     if not done:
@@ -298,6 +319,12 @@ def register_admin(
     p.add_argument("--workspace", required=True)
     p.add_argument("--name")
     p.set_defaults(func=cmd_workspace_key)
+    p = admin.add_parser(
+        "login-link", parents=[common], help="a one-time sign-in link for the Manage page"
+    )
+    p.add_argument("--email", required=True)
+    p.add_argument("--url", help="the daemon's address as browsers reach it (default: host:port)")
+    p.set_defaults(func=cmd_login_link)
     p = admin.add_parser("revoke-key", parents=[common], help="revoke an API key")
     p.add_argument("key_id")
     p.set_defaults(func=cmd_revoke_key)

@@ -27,6 +27,7 @@ from runnerd.store.records import (
 from runnerd.store.runs import BudgetStatus, RunRow, RunsStore, month_end, month_of
 from runnerd.store.schema import MIGRATIONS
 from runnerd.store.secrets import SecretsStore
+from runnerd.store.sessions import SessionRecord, SessionsStore
 
 __all__ = [
     "DB_FILENAME",
@@ -39,6 +40,7 @@ __all__ = [
     "KeyRecord",
     "MembershipRecord",
     "RunRow",
+    "SessionRecord",
     "Store",
     "ToolRecord",
     "UserRecord",
@@ -52,5 +54,5 @@ __all__ = [
 ]
 
 
-class Store(AppsStore, PeopleStore, RunsStore, SecretsStore, ApprovalsStore):
+class Store(AppsStore, PeopleStore, RunsStore, SecretsStore, ApprovalsStore, SessionsStore):
     """The database of one runnerd install. Not shared between threads without a lock."""

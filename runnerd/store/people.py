@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from typing import Any
 
 import msgspec
 
@@ -163,6 +164,53 @@ class PeopleStore(AuditStore):
             prefix=row["prefix"],
             created_at=row["created_at"],
         )
+
+    def members(self, workspace_id: str) -> list[dict[str, Any]]:
+        """The people of a workspace: user id, email, role, Apps access, approver."""
+        return list(
+            self.db.query(
+                """SELECT m.user_id, u.email, m.role, m.apps_access, m.approver, m.created_at
+                   FROM memberships m JOIN users u ON u.id = m.user_id
+                   WHERE m.workspace_id = ? ORDER BY u.email""",
+                [workspace_id],
+            )
+        )
+
+    def workspaces_of(self, user_id: str) -> list[dict[str, Any]]:
+        """The workspaces a person belongs to, with their role there."""
+        return list(
+            self.db.query(
+                """SELECT w.id, w.name, m.role, m.apps_access, m.approver
+                   FROM memberships m JOIN workspaces w ON w.id = m.workspace_id
+                   WHERE m.user_id = ? ORDER BY w.name""",
+                [user_id],
+            )
+        )
+
+    def keys_of_workspace(self, workspace_id: str) -> list[dict[str, Any]]:
+        """The live keys that act in a workspace: its workspace keys, and the personal
+        keys and tokens of its people. Never a hash."""
+        return list(
+            self.db.query(
+                """SELECT k.id, k.kind, k.user_id, u.email, k.workspace_id, k.scopes, k.name,
+                          k.prefix, k.created_at
+                   FROM api_keys k LEFT JOIN users u ON u.id = k.user_id
+                   WHERE k.revoked_at IS NULL AND (k.workspace_id = ? OR k.user_id IN
+                         (SELECT user_id FROM memberships WHERE workspace_id = ?))
+                   ORDER BY k.created_at""",
+                [workspace_id, workspace_id],
+            )
+        )
+
+    def get_key(self, key_id: str) -> KeyRecord | None:
+        row = self.db.execute(
+            """SELECT id, kind, user_id, workspace_id, scopes, name, prefix, created_at
+               FROM api_keys WHERE id = ? AND revoked_at IS NULL""",
+            [key_id],
+        ).fetchone()
+        if row is None:
+            return None
+        return KeyRecord(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), *row[5:])
 
     def revoke_key(self, key_id: str) -> bool:
         with self._write():

@@ -283,6 +283,24 @@ class RunsStore(AuditStore):
             },
         )
 
+    def usage_by_day(self, install_id: str, days: int) -> list[dict[str, Any]]:
+        """Runs per day (UTC) by status, and sandbox time, over the last ``days`` days;
+        days without runs are absent."""
+        since = (datetime.now(UTC) - timedelta(days=days - 1)).strftime("%Y-%m-%d")
+        return list(
+            self.db.query(
+                """SELECT substr(started_at, 1, 10) AS day,
+                          sum(status = 'succeeded') AS succeeded,
+                          sum(status = 'failed') AS failed,
+                          sum(status = 'timed_out') AS timed_out,
+                          sum(status = 'running') AS running,
+                          coalesce(sum(duration_ms), 0) AS sandbox_ms
+                   FROM runs WHERE install_id = ? AND started_at >= ?
+                   GROUP BY day ORDER BY day""",
+                [install_id, since],
+            )
+        )
+
     def recover_interrupted(self) -> list[str]:
         """Close every run a stopped daemon left open: ``failed``, error ``interrupted``,
         metered for the time known (from its start to now, at most its timeout), audited,

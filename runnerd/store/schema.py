@@ -253,6 +253,27 @@ def _m5_run_egress(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE runs ADD COLUMN egress TEXT")
 
 
+def _m6_sign_in(db: sqlite_utils.Database) -> None:
+    """The Manage page's one-time sign-in links and browser sessions (hashes only)."""
+    db.execute(
+        """CREATE TABLE login_links (
+            token_hash TEXT PRIMARY KEY,
+            user_id TEXT NOT NULL REFERENCES users(id),
+            created_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL,
+            used_at TEXT)"""
+    )
+    db.execute(
+        """CREATE TABLE web_sessions (
+            id_hash TEXT PRIMARY KEY,
+            id TEXT NOT NULL,
+            user_id TEXT NOT NULL REFERENCES users(id),
+            csrf TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL)"""
+    )
+
+
 # Append only: a migration, once released, never changes.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m1_apps_and_versions,
@@ -260,4 +281,5 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m3_governance,
     _m4_egress,
     _m5_run_egress,
+    _m6_sign_in,
 ]

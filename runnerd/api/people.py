@@ -1,0 +1,339 @@
+"""Sign-in for the Manage page, and the people and keys of a workspace.
+
+Sessions: ``POST /api/v2/session`` signs in with a personal API key or a one-time
+sign-in link (``runnerd admin login-link``) and sets the session cookie; the session
+acts as its person under the API's own rules (api/auth.py). People and keys: admins of
+a workspace add people, change their role and Apps access, and create and revoke keys
+(a new key's plaintext is in the answer once, never again).
+"""
+
+from __future__ import annotations
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runnerd.access import SCOPES
+from runnerd.api.auth import Caller, caller_of
+from runnerd.api.errors import ApiError
+from runnerd.api.ops import Op, Param, json_response, read_body
+from runnerd.api.state import AppState
+from runnerd.api.wire import (
+    AuditVerdict,
+    KeyInfo,
+    KeyList,
+    MemberBody,
+    MemberInfo,
+    MemberList,
+    NewKey,
+    NewKeyBody,
+    Revoked,
+    SessionInfo,
+    SignedOut,
+    SignInBody,
+    WorkspaceRole,
+)
+from runnerd.store import Store
+
+__all__ = ["LOGIN_LINK_TTL_S", "OPS"]
+
+LOGIN_LINK_TTL_S = 600  # a sign-in link is good once, for 10 minutes
+SMALL_BODY = 16 * 1024
+
+
+def _session_info(store: Store, user_id: str, csrf: str | None, expires_at: str | None) -> Response:
+    user = store.get_user(user_id)
+    assert user is not None
+    workspaces = [
+        WorkspaceRole(
+            workspace_id=w["id"],
+            name=w["name"],
+            role=w["role"],
+            apps_access=bool(w["apps_access"]),
+            approver=bool(w["approver"]),
+        )
+        for w in store.workspaces_of(user_id)
+    ]
+    return json_response(
+        SessionInfo(
+            user_id=user_id,
+            email=user.email,
+            csrf_token=csrf,
+            expires_at=expires_at,
+            workspaces=workspaces,
+        )
+    )
+
+
+async def sign_in(request: Request, state: AppState) -> Response:
+    body = await read_body(request, SignInBody, SMALL_BODY)
+    store = state.store
+    if (body.api_key is None) == (body.login_token is None):
+        raise ApiError(
+            "BAD_REQUEST",
+            "send apiKey (a personal API key) or loginToken (from a sign-in link)",
+            details={"code": "INVALID_SIGN_IN"},
+        )
+    if body.api_key is not None:
+        key = store.find_key(body.api_key.strip())
+        if key is None:
+            raise ApiError("UNAUTHORIZED", "Invalid or revoked API key")
+        if key.kind != "personal" or key.user_id is None:
+            raise ApiError.forbidden(
+                "WORKSPACE_KEY_NOT_ALLOWED" if key.kind == "workspace" else "PERSONAL_KEY_REQUIRED",
+                "sign in with a personal API key: a workspace key acts for no person, and a "
+                "scoped token must not become a session with more rights than its scopes",
+            )
+        user_id, via = key.user_id, "api_key"
+    else:
+        assert body.login_token is not None
+        found = store.use_login_link(body.login_token)
+        if found is None:
+            raise ApiError(
+                "UNAUTHORIZED",
+                "This sign-in link was used already or has expired; ask for a new one",
+            )
+        user_id, via = found, "login_link"
+    ttl_s = state.settings.session_hours * 3600
+    session, secret = store.create_session(user_id, ttl_s=ttl_s, via=via)
+    response = _session_info(store, user_id, session.csrf, session.expires_at)
+    state.cookies.set(response, request, secret, ttl_s)
+    return response
+
+
+async def get_session(request: Request, state: AppState) -> Response:
+    caller = caller_of(request, state, "api:read")
+    user_id = caller.need_person()
+    session = caller.session
+    return _session_info(
+        state.store,
+        user_id,
+        session.csrf if session else None,
+        session.expires_at if session else None,
+    )
+
+
+async def sign_out(request: Request, state: AppState) -> Response:
+    caller = caller_of(request, state, "api:read")
+    secret = state.cookies.secret_of(request)
+    if caller.session is not None and secret is not None:
+        state.store.end_session(secret)
+    response = json_response(SignedOut(signed_out=True))
+    state.cookies.clear(response, request)
+    return response
+
+
+# --- people -----------------------------------------------------------------------------------
+
+
+def _admin(request: Request, state: AppState, scope: str) -> tuple[Caller, str]:
+    """The caller, an admin of the workspace in the path (the Apps module not needed)."""
+    caller = caller_of(request, state, scope)
+    caller.need_person()
+    workspace_id = str(request.path_params["workspaceId"])
+    if state.store.get_workspace(workspace_id) is None:
+        raise ApiError("NOT_FOUND", "No such workspace", details={"code": "WORKSPACE_NOT_FOUND"})
+    caller.member(state.store, workspace_id, role="admin", apps=False)
+    return caller, workspace_id
+
+
+def _member_info(row: dict[str, object]) -> MemberInfo:
+    return MemberInfo(
+        user_id=str(row["user_id"]),
+        email=str(row["email"]),
+        role=row["role"],  # type: ignore[arg-type]
+        apps_access=bool(row["apps_access"]),
+        approver=bool(row["approver"]),
+    )
+
+
+async def list_members(request: Request, state: AppState) -> Response:
+    _, workspace_id = _admin(request, state, "api:read")
+    return json_response(
+        MemberList(data=[_member_info(r) for r in state.store.members(workspace_id)])
+    )
+
+
+async def put_member(request: Request, state: AppState) -> Response:
+    _, workspace_id = _admin(request, state, "apps:write")
+    body = await read_body(request, MemberBody, SMALL_BODY)
+    store = state.store
+    user = store.ensure_user(body.email.strip())
+    store.set_membership(
+        workspace_id,
+        user.id,
+        role=body.role,
+        apps_access=body.apps_access,
+        approver=body.approver,
+    )
+    row = next(r for r in store.members(workspace_id) if r["user_id"] == user.id)
+    return json_response(_member_info(row))
+
+
+# --- keys -------------------------------------------------------------------------------------
+
+
+def _key_info(row: dict[str, object]) -> KeyInfo:
+    scopes = row["scopes"]
+    return KeyInfo(
+        key_id=str(row["id"]),
+        kind=row["kind"],  # type: ignore[arg-type]
+        name=str(row["name"]),
+        prefix=str(row["prefix"]),
+        created_at=str(row["created_at"]),
+        user_id=row["user_id"],  # type: ignore[arg-type]
+        email=row.get("email"),  # type: ignore[arg-type]
+        scopes=list(msgspec.json.decode(scopes) if isinstance(scopes, str) else scopes or []),  # type: ignore[arg-type]
+    )
+
+
+async def list_keys(request: Request, state: AppState) -> Response:
+    _, workspace_id = _admin(request, state, "api:read")
+    rows = state.store.keys_of_workspace(workspace_id)
+    return json_response(KeyList(data=[_key_info(r) for r in rows]))
+
+
+async def create_key(request: Request, state: AppState) -> Response:
+    caller, workspace_id = _admin(request, state, "apps:write")
+    body = await read_body(request, NewKeyBody, SMALL_BODY)
+    store = state.store
+    user_id = None
+    if body.kind != "workspace":
+        email = body.email or store.get_user(caller.need_person()).email  # type: ignore[union-attr]
+        member = next(
+            (m for m in store.members(workspace_id) if m["email"].lower() == email.lower()), None
+        )
+        if member is None:
+            raise ApiError(
+                "BAD_REQUEST",
+                f"{email} is not a person of this workspace: add them first",
+                details={"code": "NOT_A_MEMBER"},
+            )
+        user_id = str(member["user_id"])
+    if body.kind == "token" and (not body.scopes or not set(body.scopes) <= set(SCOPES)):
+        raise ApiError(
+            "BAD_REQUEST",
+            f"a token needs scopes from {', '.join(SCOPES)}",
+            details={"code": "INVALID_SCOPES"},
+        )
+    record, plaintext = store.create_key(
+        kind=body.kind,
+        user_id=user_id,
+        workspace_id=workspace_id if body.kind == "workspace" else None,
+        scopes=tuple(body.scopes) if body.kind == "token" else (),
+        name=body.name,
+        audit_workspace_id=workspace_id,
+    )
+    row = next(r for r in store.keys_of_workspace(workspace_id) if r["id"] == record.id)
+    return json_response(NewKey(key=_key_info(row), api_key=plaintext), status=201)
+
+
+async def revoke_key(request: Request, state: AppState) -> Response:
+    _, workspace_id = _admin(request, state, "apps:write")
+    key_id = str(request.path_params["keyId"])
+    store = state.store
+    if not any(r["id"] == key_id for r in store.keys_of_workspace(workspace_id)):
+        raise ApiError(
+            "NOT_FOUND", "No such key in this workspace", details={"code": "KEY_NOT_FOUND"}
+        )
+    store.revoke_key(key_id)
+    return json_response(Revoked(key_id=key_id, revoked=True))
+
+
+async def verify_audit(request: Request, state: AppState) -> Response:
+    caller = caller_of(request, state, "api:read")
+    caller.need_person()
+    workspace_id = request.query_params.get("workspaceId", "")
+    caller.member(state.store, workspace_id, role="admin", apps=False)
+    checked, broken = state.store.verify_audit()
+    return json_response(AuditVerdict(ok=broken is None, entries=checked, first_break=broken))
+
+
+_WORKSPACE_PATH = Param("workspaceId", "The workspace.", required=True, max_length=64, where="path")
+
+OPS = [
+    Op(
+        "POST",
+        "/api/v2/session",
+        "signIn",
+        "Sign in to the Manage page",
+        sign_in,
+        SessionInfo,
+        body=SignInBody,
+        authenticated=False,
+        description="With a personal API key (apiKey) or a one-time sign-in link's token "
+        "(loginToken, from runnerd admin login-link; good once, for 10 minutes). Sets the "
+        "session cookie (HttpOnly, SameSite=Strict, Secure over TLS); the answer's "
+        "csrfToken must accompany every request of the session that changes state "
+        "(X-CSRF-Token). Workspace keys and scoped tokens are refused.",
+    ),
+    Op(
+        "GET",
+        "/api/v2/session",
+        "getSession",
+        "Who is signed in, and where",
+        get_session,
+        SessionInfo,
+    ),
+    Op("DELETE", "/api/v2/session", "signOut", "Sign out (ends the session)", sign_out, SignedOut),
+    Op(
+        "GET",
+        "/api/v2/workspaces/{workspaceId}/members",
+        "listMembers",
+        "The people of a workspace (admins)",
+        list_members,
+        MemberList,
+        params=(_WORKSPACE_PATH,),
+    ),
+    Op(
+        "PUT",
+        "/api/v2/workspaces/{workspaceId}/members",
+        "putMember",
+        "Add a person, or change their role, Apps access or approver flag (admins)",
+        put_member,
+        MemberInfo,
+        body=MemberBody,
+        params=(_WORKSPACE_PATH,),
+    ),
+    Op(
+        "GET",
+        "/api/v2/workspaces/{workspaceId}/keys",
+        "listKeys",
+        "The live keys acting in a workspace (admins); never a secret",
+        list_keys,
+        KeyList,
+        params=(_WORKSPACE_PATH,),
+    ),
+    Op(
+        "POST",
+        "/api/v2/workspaces/{workspaceId}/keys",
+        "createKey",
+        "Create a key (admins); its plaintext is in this answer only",
+        create_key,
+        NewKey,
+        status=201,
+        body=NewKeyBody,
+        params=(_WORKSPACE_PATH,),
+    ),
+    Op(
+        "DELETE",
+        "/api/v2/workspaces/{workspaceId}/keys/{keyId}",
+        "revokeKey",
+        "Revoke a key (admins)",
+        revoke_key,
+        Revoked,
+        params=(
+            _WORKSPACE_PATH,
+            Param("keyId", "The key.", required=True, max_length=64, where="path"),
+        ),
+    ),
+    Op(
+        "POST",
+        "/api/v2/audit/verify",
+        "verifyAudit",
+        "Verify the audit trail's hash chain (admins)",
+        verify_audit,
+        AuditVerdict,
+        params=(Param("workspaceId", "The workspace.", required=True, max_length=64),),
+    ),
+]

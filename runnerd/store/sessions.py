@@ -1,0 +1,90 @@
+"""Sign-in for the Manage page: one-time sign-in links and browser sessions.
+
+Only hashes are stored: a link's token and a session's id are shown once (printed, or
+set as a cookie) and looked up by their SHA-256. A link is good once, for a short time;
+a session expires and can be ended (sign-out).
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime, timedelta
+
+import msgspec
+
+from runnerd.store.audit import AuditStore
+from runnerd.store.records import hash_key, utc_now
+
+__all__ = ["SessionRecord", "SessionsStore"]
+
+
+class SessionRecord(msgspec.Struct, frozen=True):
+    id: str  # "ses_" and the first characters of the hash: a name for logs and audit
+    user_id: str
+    csrf: str  # the token every state-changing request of this session must carry
+    expires_at: str
+
+
+def _later(seconds: int) -> str:
+    later = datetime.now(UTC) + timedelta(seconds=seconds)
+    return later.isoformat(timespec="milliseconds").replace("+00:00", "Z")  # as utc_now
+
+
+class SessionsStore(AuditStore):
+    def create_login_link(self, user_id: str, *, ttl_s: int) -> str:
+        """A one-time sign-in token for ``user_id`` (the plaintext; only its hash is kept)."""
+        token = secrets.token_urlsafe(32)
+        with self._write():
+            self.db.execute(
+                """INSERT INTO login_links (token_hash, user_id, created_at, expires_at)
+                   VALUES (?, ?, ?, ?)""",
+                [hash_key(token), user_id, utc_now(), _later(ttl_s)],
+            )
+            self._append_audit("login_link.create", actor_user_id=user_id, detail={})
+        return token
+
+    def use_login_link(self, token: str) -> str | None:
+        """The person a live, unused link signs in; the link is spent. None otherwise."""
+        with self._write():
+            row = self.db.execute(
+                """UPDATE login_links SET used_at = ?
+                   WHERE token_hash = ? AND used_at IS NULL AND expires_at > ?
+                   RETURNING user_id""",
+                [utc_now(), hash_key(token), utc_now()],
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def create_session(self, user_id: str, *, ttl_s: int, via: str) -> tuple[SessionRecord, str]:
+        """A new session; returns it and its secret id (the cookie's value)."""
+        secret = secrets.token_urlsafe(32)
+        digest = hash_key(secret)
+        record = SessionRecord(
+            id=f"ses_{digest[:16]}",
+            user_id=user_id,
+            csrf=secrets.token_urlsafe(24),
+            expires_at=_later(ttl_s),
+        )
+        with self._write():
+            self.db.execute("DELETE FROM web_sessions WHERE expires_at <= ?", [utc_now()])
+            self.db.execute(
+                """INSERT INTO web_sessions (id_hash, id, user_id, csrf, created_at, expires_at)
+                   VALUES (?, ?, ?, ?, ?, ?)""",
+                [digest, record.id, user_id, record.csrf, utc_now(), record.expires_at],
+            )
+            self._append_audit(
+                "session.create", actor_user_id=user_id, detail={"sessionId": record.id, "via": via}
+            )
+        return record, secret
+
+    def find_session(self, secret: str) -> SessionRecord | None:
+        row = self.db.execute(
+            """SELECT id, user_id, csrf, expires_at FROM web_sessions
+               WHERE id_hash = ? AND expires_at > ?""",
+            [hash_key(secret), utc_now()],
+        ).fetchone()
+        return None if row is None else SessionRecord(*row)
+
+    def end_session(self, secret: str) -> bool:
+        with self._write():
+            cur = self.db.execute("DELETE FROM web_sessions WHERE id_hash = ?", [hash_key(secret)])
+        return bool(cur.rowcount)

@@ -1,0 +1,77 @@
+"""The session cookie: a session's secret id, signed with a key kept in the data dir.
+
+The cookie is HttpOnly, SameSite=Strict, Secure over TLS, and expires with its session.
+Its value is ``<secret>.<HMAC-SHA256 of it>``: a cookie that was not made by this
+daemon is refused before any lookup.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+__all__ = ["SESSION_COOKIE", "CookieSigner"]
+
+SESSION_COOKIE = "runnerd_session"
+
+
+@dataclass(frozen=True)
+class CookieSigner:
+    key: bytes
+
+    @classmethod
+    def from_file(cls, path: Path) -> CookieSigner:
+        """The key in ``path``, made (0600) on first use."""
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with contextlib.suppress(FileExistsError), os.fdopen(fd, "wb") as out:
+                out.write(secrets.token_bytes(32))
+        return cls(path.read_bytes())
+
+    def _mac(self, secret: str) -> str:
+        digest = hmac.new(self.key, secret.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    def sign(self, secret: str) -> str:
+        return f"{secret}.{self._mac(secret)}"
+
+    def unsign(self, value: str) -> str | None:
+        secret, _, mac = value.rpartition(".")
+        if not secret or not hmac.compare_digest(mac, self._mac(secret)):
+            return None
+        return secret
+
+    def secret_of(self, request: Request) -> str | None:
+        """The session secret of the request's cookie, if this daemon signed it."""
+        value = request.cookies.get(SESSION_COOKIE)
+        return self.unsign(value) if value else None
+
+    def set(self, response: Response, request: Request, secret: str, max_age_s: int) -> None:
+        response.set_cookie(
+            SESSION_COOKIE,
+            self.sign(secret),
+            max_age=max_age_s,
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+
+    def clear(self, response: Response, request: Request) -> None:
+        response.delete_cookie(
+            SESSION_COOKIE,
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )

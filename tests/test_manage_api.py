@@ -1,0 +1,289 @@
+"""The API behind the Manage page, over HTTP against a live daemon: sessions (a personal
+key or a one-time link, a signed cookie, CSRF on every change), people and keys, the
+audit verdict, the ledger as CSV, usage per day, a tool's detail and the input check."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import run_cli
+from daemon import Daemon, envelope
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "deal-desk"
+GOOD = {
+    "discountPct": 12,
+    "marginPct": 30,
+    "termMonths": 24,
+    "dealSize": 120000,
+    "tier": "enterprise",
+}
+
+pytestmark = pytest.mark.jail
+
+
+@pytest.fixture(scope="module")
+def install(daemon: Daemon) -> str:
+    return str(daemon.ship(EXAMPLE)["installId"])
+
+
+@pytest.fixture
+def browser_like(daemon: Daemon) -> Iterator[httpx.Client]:
+    """A client that keeps cookies, as a browser does."""
+    with httpx.Client(base_url=daemon.url, timeout=60) as client:
+        yield client
+
+
+def _sign_in(client: httpx.Client, **body: str) -> dict[str, object]:
+    response = client.post("/api/v2/session", json=body)
+    assert response.status_code == 200, response.text
+    found: dict[str, object] = response.json()
+    return found
+
+
+def test_a_personal_key_signs_in_with_a_signed_strict_http_only_cookie(
+    daemon: Daemon, browser_like: httpx.Client
+) -> None:
+    response = browser_like.post("/api/v2/session", json={"apiKey": daemon.admin_key})
+    assert response.status_code == 200, response.text
+    cookie = response.headers["set-cookie"]
+    assert cookie.startswith("runnerd_session=")
+    for flag in ("HttpOnly", "SameSite=strict", "Max-Age=43200", "Path=/"):
+        assert flag.lower() in cookie.lower(), cookie
+    assert "secure" not in cookie.lower()  # plain HTTP on loopback; Secure over TLS
+    info = response.json()
+    assert info["email"] == "ada@example.com" and info["csrfToken"]
+    assert info["workspaces"][0]["role"] == "admin"
+    assert browser_like.get("/api/v2/session").json()["email"] == "ada@example.com"
+
+    # The cookie's value is signed: a changed one is no session at all.
+    value = browser_like.cookies["runnerd_session"]
+    forged = httpx.Client(base_url=daemon.url, cookies={"runnerd_session": value[:-2] + "xx"})
+    envelope(forged.get("/api/v2/session"), 401)
+
+    # Sign-out needs the CSRF token too, then the session is gone.
+    envelope(browser_like.delete("/api/v2/session"), 403, "CSRF_TOKEN_INVALID")
+    signed_out = browser_like.delete(
+        "/api/v2/session", headers={"X-CSRF-Token": str(info["csrfToken"])}
+    )
+    assert signed_out.status_code == 200
+    stale = httpx.Client(base_url=daemon.url, cookies={"runnerd_session": value})
+    envelope(stale.get("/api/v2/session"), 401)
+
+
+def test_workspace_keys_tokens_and_bad_keys_cannot_sign_in(
+    daemon: Daemon, browser_like: httpx.Client
+) -> None:
+    workspace_key = daemon.key(kind="workspace", workspace_id=daemon.workspace_id)
+    refused = browser_like.post("/api/v2/session", json={"apiKey": workspace_key})
+    envelope(refused, 403, "WORKSPACE_KEY_NOT_ALLOWED")
+    store = daemon.store()
+    try:
+        user = store.ensure_user("ada@example.com")
+        _, token = store.create_key(kind="token", user_id=user.id, scopes=("api:read",))
+    finally:
+        store.close()
+    envelope(
+        browser_like.post("/api/v2/session", json={"apiKey": token}), 403, "PERSONAL_KEY_REQUIRED"
+    )
+    envelope(browser_like.post("/api/v2/session", json={"apiKey": "rk_p_nope"}), 401)
+    assert "set-cookie" not in refused.headers
+
+
+def test_a_login_link_signs_in_once_and_expires(daemon: Daemon, browser_like: httpx.Client) -> None:
+    printed = run_cli(
+        "admin",
+        "login-link",
+        "--email",
+        "ada@example.com",
+        "--url",
+        daemon.url,
+        "--json",
+        env=daemon.env,
+    )
+    assert printed.returncode == 0, printed.stderr
+    link = json.loads(printed.stdout)
+    assert link["expiresInSeconds"] == 600
+    assert link["url"].startswith(f"{daemon.url}/login#token=")
+    token = link["url"].split("#token=", 1)[1]
+    assert _sign_in(browser_like, loginToken=token)["email"] == "ada@example.com"
+    again = httpx.Client(base_url=daemon.url).post("/api/v2/session", json={"loginToken": token})
+    assert "used already or has expired" in envelope(again, 401)["message"]
+
+    store = daemon.store()
+    try:
+        user = store.ensure_user("ada@example.com")
+        expired = store.create_login_link(user.id, ttl_s=-1)
+    finally:
+        store.close()
+    envelope(
+        httpx.Client(base_url=daemon.url).post("/api/v2/session", json={"loginToken": expired}), 401
+    )
+    unknown = run_cli("admin", "login-link", "--email", "nobody@example.com", env=daemon.env)
+    assert unknown.returncode == 1 and "no person" in unknown.stderr
+
+
+def test_a_session_acts_under_the_api_rules_and_every_change_needs_the_csrf_token(
+    daemon: Daemon, install: str, browser_like: httpx.Client
+) -> None:
+    viewer_key = daemon.person("vera@example.com", role="viewer")
+    info = _sign_in(browser_like, apiKey=viewer_key)
+    csrf = {"X-CSRF-Token": str(info["csrfToken"])}
+    run_path = f"/api/v2/apps/installs/{install}/tools/score_offer/run"
+    # A viewer may read, not run, exactly as with the key.
+    assert browser_like.get(f"/api/v2/apps/installs/{install}/runs").status_code == 200
+    envelope(
+        browser_like.post(run_path, json={"input": GOOD}, headers=csrf),
+        403,
+        "INSUFFICIENT_WORKSPACE_ROLE",
+    )
+
+    member = httpx.Client(base_url=daemon.url, timeout=60)
+    member_info = _sign_in(member, apiKey=daemon.person("max@example.com", role="member"))
+    # No token: refused before anything happens, and no run is recorded.
+    before = len(
+        daemon.call("GET", f"/api/v2/apps/installs/{install}/runs", daemon.admin_key).json()["data"]
+    )
+    envelope(member.post(run_path, json={"input": GOOD}), 403, "CSRF_TOKEN_INVALID")
+    envelope(
+        member.post(run_path, json={"input": GOOD}, headers={"X-CSRF-Token": "guess"}),
+        403,
+        "CSRF_TOKEN_INVALID",
+    )
+    after = len(
+        daemon.call("GET", f"/api/v2/apps/installs/{install}/runs", daemon.admin_key).json()["data"]
+    )
+    assert after == before
+    ran = member.post(
+        run_path,
+        json={"input": GOOD, "surface": "app"},
+        headers={"X-CSRF-Token": str(member_info["csrfToken"])},
+    )
+    assert ran.status_code == 200 and ran.json()["output"]["decision"] == "approve"
+    run = daemon.call("GET", f"/api/v2/runs/{ran.json()['runId']}", daemon.admin_key).json()["run"]
+    assert run["surface"] == "app" and run["userEmail"] == "max@example.com"
+
+
+def test_the_input_check_refuses_with_the_pointer_and_runs_nothing(
+    daemon: Daemon, install: str
+) -> None:
+    path = f"/api/v2/apps/installs/{install}/tools/score_offer/check"
+    assert daemon.call("POST", path, daemon.admin_key, json={"input": GOOD}).json() == {
+        "valid": True
+    }
+    bad = daemon.call("POST", path, daemon.admin_key, json={"input": {**GOOD, "discountPct": 150}})
+    assert envelope(bad, 400, "INVALID_INPUT")["details"]["pointer"] == "/discountPct"
+    viewer = daemon.person("vic@example.com", role="viewer")
+    envelope(daemon.call("POST", path, viewer, json={"input": GOOD}), 403)
+
+
+def test_a_tools_detail_shows_packages_and_the_grant(daemon: Daemon, install: str) -> None:
+    found = daemon.call(
+        "GET", f"/api/v2/apps/installs/{install}/tools/score_offer", daemon.admin_key
+    ).json()
+    assert found["tool"]["reference"] == "deal-desk/score_offer"
+    assert found["packages"] == [] and found["egress"] == []
+    assert "source" not in json.dumps(found)
+    missing = daemon.call("GET", f"/api/v2/apps/installs/{install}/tools/nope", daemon.admin_key)
+    assert missing.status_code == 404
+
+
+def test_people_and_keys(daemon: Daemon) -> None:
+    base = f"/api/v2/workspaces/{daemon.workspace_id}"
+    added = daemon.call(
+        "PUT",
+        f"{base}/members",
+        daemon.admin_key,
+        json={"email": "new@example.com", "role": "builder", "appsAccess": True},
+    )
+    assert added.status_code == 200 and added.json()["role"] == "builder"
+    members = daemon.call("GET", f"{base}/members", daemon.admin_key).json()["data"]
+    assert {"new@example.com", "ada@example.com"} <= {m["email"] for m in members}
+
+    made = daemon.call(
+        "POST",
+        f"{base}/keys",
+        daemon.admin_key,
+        json={"kind": "personal", "name": "laptop", "email": "new@example.com"},
+    )
+    assert made.status_code == 201, made.text
+    plaintext, key_id = made.json()["apiKey"], made.json()["key"]["keyId"]
+    assert (
+        daemon.call(
+            "GET", "/api/v2/apps", plaintext, params={"workspaceId": daemon.workspace_id}
+        ).status_code
+        == 200
+    )
+    listed = daemon.call("GET", f"{base}/keys", daemon.admin_key).text
+    assert key_id in listed and plaintext not in listed
+    outsider = daemon.call(
+        "POST",
+        f"{base}/keys",
+        daemon.admin_key,
+        json={"kind": "personal", "email": "stranger@example.com"},
+    )
+    envelope(outsider, 400, "NOT_A_MEMBER")
+    builder = daemon.person("bob@example.com", role="builder")
+    envelope(daemon.call("GET", f"{base}/members", builder), 403, "INSUFFICIENT_WORKSPACE_ROLE")
+    assert daemon.call("DELETE", f"{base}/keys/{key_id}", daemon.admin_key).json()["revoked"]
+    envelope(
+        daemon.call("GET", "/api/v2/apps", plaintext, params={"workspaceId": daemon.workspace_id}),
+        401,
+    )
+
+
+def test_audit_verdict_ledger_csv_and_usage(daemon: Daemon, install: str) -> None:
+    daemon.run(install, "score_offer", GOOD)
+    verdict = daemon.call(
+        "POST",
+        "/api/v2/audit/verify",
+        daemon.admin_key,
+        params={"workspaceId": daemon.workspace_id},
+    ).json()
+    assert verdict["ok"] is True and verdict["entries"] > 5 and verdict["firstBreak"] is None
+
+    month = daemon.call("GET", f"/api/v2/apps/installs/{install}/budget", daemon.admin_key).json()[
+        "month"
+    ]
+    exported = daemon.call(
+        "GET",
+        "/api/v2/ledger",
+        daemon.admin_key,
+        params={"workspaceId": daemon.workspace_id, "month": month, "format": "csv"},
+    )
+    assert exported.headers["content-type"].startswith("text/csv")
+    assert "attachment" in exported.headers["content-disposition"]
+    rows = list(csv.DictReader(io.StringIO(exported.text)))
+    assert rows and rows[0]["tool"] in {"score_offer", "route_ticket"} and "sandboxMs" in rows[0]
+
+    usage = daemon.call("GET", f"/api/v2/apps/installs/{install}/usage", daemon.admin_key).json()[
+        "data"
+    ]
+    assert usage and usage[-1]["succeeded"] >= 1 and usage[-1]["sandboxMs"] > 0
+    chart = httpx.get(
+        f"{daemon.url}/manage/installs/{install}/usage.svg", headers={"X-API-Key": daemon.admin_key}
+    )
+    assert chart.headers["content-type"] == "image/svg+xml"
+    assert (
+        chart.text.startswith("<svg") and "succeeded" in chart.text and "<script" not in chart.text
+    )
+    assert httpx.get(f"{daemon.url}/manage/installs/{install}/usage.svg").status_code == 401
+
+
+def test_every_answer_carries_the_security_headers(daemon: Daemon) -> None:
+    for path in ("/", "/static/app.js", "/api/v2/apps/tools?workspaceId=x", "/healthz"):
+        headers = httpx.get(f"{daemon.url}{path}").headers
+        csp = headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+        assert "unsafe-inline" not in csp
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["referrer-policy"] == "no-referrer"
+    page = httpx.get(f"{daemon.url}/").text
+    assert '<script type="module" src="/static/app.js"></script>' in page
+    assert "<script>" not in page and "style=" not in page
