@@ -367,6 +367,8 @@ def test_every_route_answers_errors_in_the_envelope(daemon: Daemon) -> None:
             name="KEY",
             runId="run_x",
             approvalId="apr_x",
+            workspaceId="ws_x",
+            keyId="key_x",
         )
         allowed = {o.method for o in OPS if o.path == op.path}
         wrong = next(m for m in ("PATCH", "DELETE", "PUT") if m not in allowed)
@@ -375,7 +377,9 @@ def test_every_route_answers_errors_in_the_envelope(daemon: Daemon) -> None:
             response = daemon.call(op.method, path, params={"workspaceId": daemon.workspace_id})
             envelope(response, 401)
     envelope(daemon.call("GET", "/api/v2/nothing/here"), 404)
-    envelope(daemon.call("GET", "/"), 404)
+    envelope(daemon.call("GET", "/nothing/here"), 404)
+    page = daemon.call("GET", "/")  # the Manage page
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
 
 
 def test_openapi_served_matches_the_checked_in_file(daemon: Daemon) -> None:

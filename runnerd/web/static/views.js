@@ -9,6 +9,17 @@ import {
 
 const ws = () => session.workspaceId;
 
+// People's emails by user id, for admins (the members list is theirs to read); others see ids.
+async function emailsById() {
+  if (!can('admin', false)) return new Map();
+  try {
+    const found = await api('GET', `/api/v2/workspaces/${ws()}/members`);
+    return new Map(found.data.map((m) => [m.userId, m.email]));
+  } catch {
+    return new Map();
+  }
+}
+
 function section(title, ...children) {
   return h('section', { class: 'card' }, h('h2', {}, title), ...children);
 }
@@ -388,10 +399,11 @@ export async function runView(main, { runId }) {
 // --- approvals ---------------------------------------------------------------------------
 
 export async function approvalsView(main) {
-  const found = await api('GET', '/api/v2/approvals', { query: { workspaceId: ws(), status: 'pending' } });
+  const [found, emails] = await Promise.all([
+    api('GET', '/api/v2/approvals', { query: { workspaceId: ws(), status: 'pending' } }), emailsById()]);
   append(main, [h('h1', {}, 'Approvals'),
     h('p', { class: 'muted' }, 'Write calls from chat agents and relays wait here. Their input is held in memory for the run only and shown to no one.'),
-    table(['Tool', 'Asked by', 'Surface', 'Asked', 'Expires', ''], found.data.map((a) => [a.tool, a.requestedBy, a.surface,
+    table(['Tool', 'Asked by', 'Surface', 'Asked', 'Expires', ''], found.data.map((a) => [a.tool, emails.get(a.requestedBy) || a.requestedBy, a.surface,
       when(a.createdAt), when(a.expiresAt), can('member') ? [
         h('button', { type: 'button', class: 'small', onclick: () => act(() => api('POST', `/api/v2/approvals/${a.approvalId}/approve`), 'Approved') }, 'Approve'), ' ',
         h('button', { type: 'button', class: 'small danger', onclick: () => act(() => api('POST', `/api/v2/approvals/${a.approvalId}/deny`), 'Denied') }, 'Deny')] : '']),
@@ -400,8 +412,10 @@ export async function approvalsView(main) {
 
 // --- admin pages -------------------------------------------------------------------------
 
-export async function auditView(main) {
-  const found = await api('GET', '/api/v2/audit', { query: { workspaceId: ws(), limit: 200 } });
+export async function auditView(main, _params, query) {
+  const cursor = query.get('cursor');
+  const [found, emails] = await Promise.all([
+    api('GET', '/api/v2/audit', { query: { workspaceId: ws(), limit: 200, cursor } }), emailsById()]);
   const verdict = h('p', { class: 'verdict', 'aria-live': 'polite' });
   append(main, [h('h1', {}, 'Audit trail'),
     h('p', {}, h('button', { type: 'button', onclick: async () => {
@@ -415,14 +429,16 @@ export async function auditView(main) {
         verdict.textContent = err.message;
       }
     } }, 'Verify chain'), ' ', verdict),
-    table(['#', 'When', 'Action', 'Who', 'Tool', 'Status', 'Detail'], found.data.slice().reverse().map((e) =>
-      [e.seq, when(e.at), e.action, e.actorUserId || '', e.tool || '', e.status || e.reason || '',
-        h('code', { class: 'detail' }, JSON.stringify(e.detail || {}))]), 'No entries.')]);
+    table(['#', 'When', 'Action', 'Who', 'Tool', 'Status', 'Detail'], found.data.map((e) =>
+      [e.seq, when(e.at), e.action, emails.get(e.actorUserId) || e.actorUserId || '', e.tool || '', e.status || e.reason || '',
+        h('code', { class: 'detail' }, JSON.stringify(e.detail || {}))]), 'No entries.'),
+    found.nextCursor ? h('a', { href: `#/audit?cursor=${found.nextCursor}` }, 'Newer entries →') : null]);
 }
 
 export async function ledgerView(main, _params, query) {
   const month = query.get('month') || new Date().toISOString().slice(0, 7);
-  const found = await api('GET', '/api/v2/ledger', { query: { workspaceId: ws(), month } });
+  const [found, emails] = await Promise.all([
+    api('GET', '/api/v2/ledger', { query: { workspaceId: ws(), month } }), emailsById()]);
   const input = h('input', { id: 'month', name: 'month', type: 'month', value: month });
   const total = found.data.reduce((sum, r) => sum + r.sandboxMs, 0);
   append(main, [h('h1', {}, 'Usage ledger'),
@@ -431,7 +447,7 @@ export async function ledgerView(main, _params, query) {
       h('a', { class: 'button secondary', href: `/api/v2/ledger?${new URLSearchParams({ workspaceId: ws(), month, format: 'csv' })}`, download: `runnerd-ledger-${month}.csv` }, 'Download CSV')),
     h('p', {}, `${found.data.length} runs, ${ms(total)} of sandbox time.`),
     table(['When', 'Tool', 'Run', 'Sandbox', 'Payer', 'Who'], found.data.map((r) => [when(r.createdAt), r.tool,
-      r.runId ? h('a', { href: `#/runs/${r.runId}` }, r.runId) : '', ms(r.sandboxMs), `${r.payerKind} ${r.payerId}`, r.userId]),
+      r.runId ? h('a', { href: `#/runs/${r.runId}` }, r.runId) : '', ms(r.sandboxMs), `${r.payerKind} ${r.payerId}`, emails.get(r.userId) || r.userId]),
     'No usage this month.')]);
 }
 

@@ -1,0 +1,368 @@
+"""The Manage page in a real browser: Playwright driving Debian's chromium (its own
+executable; nothing is downloaded), against a live daemon with the deal-desk example.
+
+Set RUNNERD_SCREENSHOTS=docs/images to refresh the screenshots the docs show; otherwise
+they go to a temporary folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from conftest import run_cli
+from daemon import Daemon
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "deal-desk"
+SHOTS = Path(os.environ.get("RUNNERD_SCREENSHOTS") or tempfile.mkdtemp(prefix="runnerd-shots-"))
+
+pytestmark = [pytest.mark.jail, pytest.mark.browser]
+
+
+def _chromium() -> str:
+    found = os.environ.get("RUNNERD_CHROMIUM") or shutil.which("chromium")
+    if not found:
+        pytest.fail("the page tests need Debian's chromium package (apt-get install chromium)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def install(daemon: Daemon) -> str:
+    return str(daemon.ship(EXAMPLE)["installId"])
+
+
+class Page:
+    """A browser tab on the daemon, recording every request it makes."""
+
+    def __init__(self, browser: Any, daemon: Daemon, width: int = 1280) -> None:
+        self.daemon = daemon
+        self.context = browser.new_context(viewport={"width": width, "height": 900})
+        self.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=daemon.url)
+        self.tab = self.context.new_page()
+        self.requests: list[str] = []
+        self.bodies: list[bytes] = []
+        self.errors: list[str] = []
+        self.tab.on("request", lambda r: self.requests.append(r.url))
+        self.tab.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.tab.on("response", self._keep_body)
+
+    def _keep_body(self, response: Any) -> None:
+        with contextlib.suppress(Exception):  # a redirect or a download has no body
+            self.bodies.append(response.body())
+
+    def open(self, path: str = "/") -> None:
+        self.tab.goto(self.daemon.url + path)
+
+    def sign_in(self, key: str) -> None:
+        self.open("/")
+        self.tab.fill("#api-key", key)
+        self.tab.click("button:has-text('Sign in')")
+        self.tab.wait_for_selector("h1:has-text('Apps')")
+
+    def shot(self, name: str) -> None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        self.tab.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+    def close(self) -> None:
+        hosts = {urlsplit(u).netloc for u in self.requests if not u.startswith("data:")}
+        assert hosts <= {urlsplit(self.daemon.url).netloc}, hosts  # nothing from elsewhere
+        assert self.errors == [], self.errors
+        self.context.close()
+
+
+@pytest.fixture
+def tab(browser: Any, daemon: Daemon) -> Iterator[Callable[..., Page]]:
+    opened: list[Page] = []
+
+    def make(width: int = 1280) -> Page:
+        page = Page(browser, daemon, width)
+        opened.append(page)
+        return page
+
+    yield make
+    for page in opened:
+        page.close()
+
+
+GOOD = {"discountPct": "12", "marginPct": "30", "termMonths": "24", "dealSize": "120000"}
+
+
+def _fill(page: Page, values: dict[str, str], tier: str = "enterprise") -> None:
+    for name, value in values.items():
+        page.tab.fill(f"form.schema-form [name={name}]", value)
+    page.tab.select_option("form.schema-form [name=tier]", json.dumps(tier))
+
+
+def _copy_with_version(source: Path, target: Path, version: str) -> Path:
+    """The example app, copied, with ``version`` in its manifest."""
+    shutil.copytree(source, target)
+    manifest = target / "agentserve.app.yaml"
+    manifest.write_text(f"version: '{version}'\n" + manifest.read_text())
+    return target
+
+
+def _tool_page(page: Page, install: str, tool: str = "score_offer") -> None:
+    page.tab.click("a:has-text('Manage')")
+    page.tab.wait_for_selector("#tools")
+    page.tab.click(f"#tools a:has-text('{tool}')")
+    page.tab.wait_for_selector("h2:has-text('Last runs')")
+
+
+def test_sign_in_with_a_key_then_sign_out(
+    tab: Callable[..., Page], daemon: Daemon, install: str
+) -> None:
+    page = tab()
+    page.open("/")
+    page.tab.wait_for_selector("#api-key")
+    page.shot("sign-in")
+    page.sign_in(daemon.admin_key)
+    page.shot("apps")
+    [cookie] = page.context.cookies()
+    assert (
+        cookie["name"] == "runnerd_session"
+        and cookie["httpOnly"]
+        and cookie["sameSite"] == "Strict"
+    )
+    assert daemon.admin_key not in json.dumps(page.context.cookies())
+    page.tab.click("button:has-text('Sign out')")
+    page.tab.wait_for_selector("#api-key")
+    assert page.context.request.get(f"{daemon.url}/api/v2/session").status == 401
+
+
+def test_sign_in_with_a_one_time_link(
+    tab: Callable[..., Page], daemon: Daemon, install: str
+) -> None:
+    printed = run_cli(
+        "admin",
+        "login-link",
+        "--email",
+        "ada@example.com",
+        "--url",
+        daemon.url,
+        "--json",
+        env=daemon.env,
+    )
+    url = json.loads(printed.stdout)["url"]
+    page = tab()
+    page.tab.goto(url)
+    page.tab.click("#use-link")
+    page.tab.wait_for_selector("h1:has-text('Apps')")
+    assert "#token=" not in page.tab.url  # the token leaves the address bar
+    # The token never went to the server in a URL: only in the sign-in request's body.
+    assert not any("token=" in u for u in page.requests if "/login" not in u)
+    again = tab()
+    again.tab.goto(url)
+    again.tab.click("#use-link")
+    again.tab.wait_for_selector("text=used already or has expired")
+
+
+def test_find_copy_and_test_run_score_offer(
+    tab: Callable[..., Page], daemon: Daemon, install: str
+) -> None:
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    page.tab.click("a:has-text('Manage')")
+    page.tab.wait_for_selector("#tools")
+    page.tab.wait_for_selector("img.chart")
+    page.shot("install")
+    page.tab.click("#tools a:has-text('score_offer')")
+    page.tab.wait_for_selector("text=Test run")
+    page.tab.click("button[aria-label='Copy deal-desk/score_offer']")
+    assert page.tab.evaluate("navigator.clipboard.readText()") == "deal-desk/score_offer"
+    # Every field of the form has a label.
+    unlabeled = page.tab.evaluate(
+        "[...document.querySelectorAll('main input, main select, main textarea')]"
+        ".filter(e => !e.labels.length && !e.getAttribute('aria-label')).map(e => e.outerHTML)"
+    )
+    assert unlabeled == []
+    _fill(page, GOOD)
+    page.tab.click("form.schema-form button[type=submit]")
+    page.tab.wait_for_selector(".result .badge:has-text('succeeded')")
+    output = json.loads(page.tab.inner_text(".result pre.json"))
+    assert output["decision"] == "approve" and output["score"] >= 80
+    page.shot("tool-run")
+    run_id = page.tab.inner_text(".result a")
+    # The run is in the last runs, and in the history.
+    page.tab.wait_for_selector(f"section:has(h2:has-text('Last runs')) a:has-text('{run_id}')")
+    page.open(f"/#/installs/{install}/runs")
+    page.tab.wait_for_selector(f"a:has-text('{run_id}')")
+    page.shot("history")
+    page.tab.click(f"a:has-text('{run_id}')")
+    page.tab.wait_for_selector("dd:has-text('app')")  # surface app, as the issue asks
+
+
+def test_an_invalid_input_is_shown_next_to_its_field(
+    tab: Callable[..., Page], daemon: Daemon, install: str
+) -> None:
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    _tool_page(page, install)
+    runs_before = daemon.call("GET", f"/api/v2/apps/installs/{install}/runs", daemon.admin_key)
+    _fill(page, {**GOOD, "discountPct": "150"})
+    page.tab.click("form.schema-form button[type=submit]")
+    error = page.tab.wait_for_selector("[data-pointer='/discountPct'] .field-error:not(:empty)")
+    assert "discountPct" in error.inner_text()
+    assert page.tab.get_attribute("[name=discountPct]", "aria-invalid") == "true"
+    page.shot("invalid-input")
+    runs_after = daemon.call("GET", f"/api/v2/apps/installs/{install}/runs", daemon.admin_key)
+    assert len(runs_after.json()["data"]) == len(runs_before.json()["data"])  # nothing ran
+
+
+def test_a_secret_value_never_comes_back(
+    tab: Callable[..., Page], daemon: Daemon, install: str
+) -> None:
+    value = "sk_test_page_9d2f61a0c4"
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    page.tab.click("a:has-text('Manage')")
+    page.tab.wait_for_selector("#secret-name")
+    page.tab.fill("#secret-name", "STRIPE_KEY")
+    page.tab.fill("#secret-value", value)
+    page.tab.click("button:has-text('Set secret')")
+    page.tab.wait_for_selector("#secrets code:has-text('STRIPE_KEY')")
+    assert page.tab.input_value("#secret-value") == ""
+    page.tab.reload()
+    page.tab.wait_for_selector("#secrets code:has-text('STRIPE_KEY')")
+    assert all(value.encode() not in body for body in page.bodies)
+    assert value not in page.tab.content()
+
+
+def test_roll_back_as_an_admin(
+    tab: Callable[..., Page], daemon: Daemon, install: str, tmp_path: Path
+) -> None:
+    deployed = daemon.deploy(_copy_with_version(EXAMPLE, tmp_path / "deal-desk", "rollback-2"))
+    assert deployed.status_code == 201, deployed.text
+    version = deployed.json()["version"]["version"]
+    daemon.call(
+        "POST",
+        f"/api/v2/apps/deal-desk/versions/{version}/publish",
+        daemon.admin_key,
+        params={"workspaceId": daemon.workspace_id},
+    )
+    switched = daemon.call(
+        "POST",
+        f"/api/v2/apps/installs/{install}/switch",
+        daemon.admin_key,
+        json={"version": version},
+    )
+    assert switched.status_code == 200, switched.text
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    page.tab.click("button[data-action=rollback]")
+    dialog = page.tab.wait_for_selector("dialog.confirm")
+    assert "Every caller" in dialog.inner_text()
+    page.shot("rollback-confirm")
+    page.tab.click("dialog.confirm button:has-text('Roll back')")
+    page.tab.wait_for_selector("#toast:has-text('Rolled back to 1')")
+    page.tab.wait_for_selector("p:has-text('Installed: 1')")
+    installs = daemon.call(
+        "GET",
+        "/api/v2/apps/installs",
+        daemon.admin_key,
+        params={"workspaceId": daemon.workspace_id},
+    ).json()["data"]
+    [found] = [i for i in installs if i["installId"] == install]
+    assert found["versionId"] != switched.json()["versionId"]
+
+
+def test_a_viewer_cannot_run_and_a_member_cannot_publish(
+    tab: Callable[..., Page], daemon: Daemon, install: str, tmp_path: Path
+) -> None:
+    draft = _copy_with_version(EXAMPLE, tmp_path / "draft", "draft-3")
+    assert daemon.deploy(draft).status_code == 201
+
+    viewer = tab()
+    viewer.sign_in(daemon.person("page-viewer@example.com", role="viewer"))
+    _tool_page(viewer, install)
+    assert viewer.tab.query_selector("text=Test run") is None
+    assert viewer.tab.query_selector("form.schema-form") is None
+
+    member = tab()
+    member.sign_in(daemon.person("page-member@example.com", role="member"))
+    member.tab.wait_for_selector("td:has-text('draft-3')")
+    assert member.tab.query_selector("button[data-action=publish]") is None
+    _tool_page(member, install)
+    assert member.tab.query_selector("form.schema-form button[type=submit]") is not None
+
+    admin = tab()
+    admin.sign_in(daemon.admin_key)
+    admin.tab.wait_for_selector("button[data-action=publish]")
+
+
+def test_a_forged_request_without_the_csrf_token_is_refused(
+    tab: Callable[..., Page], daemon: Daemon, install: str
+) -> None:
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    # The session cookie goes along (same origin), the CSRF token does not.
+    forged = page.tab.evaluate(
+        """async (path) => {
+            const r = await fetch(path, {method: 'PUT', credentials: 'same-origin',
+              headers: {'Content-Type': 'application/json'},
+              body: JSON.stringify({value: 'forged-1'})});
+            return [r.status, await r.json()];
+        }""",
+        f"/api/v2/apps/installs/{install}/secrets/FORGED",
+    )
+    assert forged[0] == 403 and forged[1]["error"]["details"]["code"] == "CSRF_TOKEN_INVALID"
+    as_form = page.context.request.post(
+        f"{daemon.url}/api/v2/apps/installs/{install}/rollback",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+        data="confirm=yes",
+    )
+    assert as_form.status == 403
+    names = daemon.call("GET", f"/api/v2/apps/installs/{install}/secrets", daemon.admin_key).text
+    assert "FORGED" not in names
+
+
+def test_admin_pages_and_a_narrow_screen(
+    tab: Callable[..., Page], daemon: Daemon, install: str
+) -> None:
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    page.open("/#/audit")
+    page.tab.click("button:has-text('Verify chain')")
+    page.tab.wait_for_selector(".verdict.ok:has-text('Chain intact')")
+    page.shot("audit")
+    page.open("/#/ledger")
+    page.tab.wait_for_selector("a:has-text('Download CSV')")
+    with page.tab.expect_download() as download:
+        page.tab.click("a:has-text('Download CSV')")
+    assert download.value.suggested_filename.startswith("runnerd-ledger-")
+    page.open("/#/people")
+    page.tab.fill("#person-email", "page-new@example.com")
+    page.tab.click("button:has-text('Add person')")
+    page.tab.wait_for_selector("td:has-text('page-new@example.com')")
+    page.tab.fill("#key-name", "ci laptop")
+    page.tab.click("button:has-text('Create key')")
+    shown = page.tab.wait_for_selector(".new-key code").inner_text()
+    assert shown.startswith("rk_p_")
+    page.shot("people")
+    page.open("/#/approvals")
+    page.tab.wait_for_selector("text=No write calls are waiting.")
+
+    narrow = tab(width=390)
+    narrow.sign_in(daemon.admin_key)
+    _tool_page(narrow, install)
+    overflow = narrow.tab.evaluate("document.documentElement.scrollWidth")
+    assert overflow <= 390, overflow
+    narrow.shot("tool-narrow")
