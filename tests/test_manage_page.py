@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from conftest import run_cli
+from conftest import AppDir, run_cli, tool_doc
 from daemon import Daemon
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -206,6 +206,13 @@ def test_find_copy_and_test_run_score_offer(
     page.open(f"/#/installs/{install}/runs")
     page.tab.wait_for_selector(f"a:has-text('{run_id}')")
     page.shot("history")
+    page.tab.select_option("#surface", "chat")
+    page.tab.click("form.filters button[type=submit]")
+    page.tab.wait_for_selector("text=No runs match.")
+    page.tab.select_option("#surface", "app")
+    page.tab.fill("#tool", "score_offer")
+    page.tab.click("form.filters button[type=submit]")
+    page.tab.wait_for_selector(f"a:has-text('{run_id}')")
     page.tab.click(f"a:has-text('{run_id}')")
     page.tab.wait_for_selector("dd:has-text('app')")  # surface app, as the issue asks
 
@@ -366,3 +373,43 @@ def test_admin_pages_and_a_narrow_screen(
     overflow = narrow.tab.evaluate("document.documentElement.scrollWidth")
     assert overflow <= 390, overflow
     narrow.shot("tool-narrow")
+
+
+WRITER = """\
+def run(input):
+    return {"written": input["amount"]}
+"""
+
+
+def test_a_write_tool_asks_before_a_real_run(
+    tab: Callable[..., Page], daemon: Daemon, install: str, tmp_path: Path
+) -> None:
+    app = AppDir(tmp_path / "writer")
+    app.write("agentserve.app.yaml", "slug: writer\nname: Writer\ntools: ./tools/*\n")
+    schema = {
+        "type": "object",
+        "properties": {
+            "amount": {"type": "integer", "minimum": 1, "description": "How much to write"}
+        },
+        "required": ["amount"],
+    }
+    app.tool("post_entry", yaml=tool_doc("post_entry", effect="write", input=schema), source=WRITER)
+    writer = daemon.ship(app.root)["installId"]
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    page.open(f"/#/installs/{writer}/tools/post_entry")
+    page.tab.wait_for_selector("text=How much to write")
+    page.tab.fill("form.schema-form [name=amount]", "5")
+    page.tab.click("form.schema-form button[type=submit]")
+    dialog = page.tab.wait_for_selector("dialog.confirm")
+    assert (
+        "this is a real run: it is metered, counts against the budget and makes real changes"
+        in (dialog.inner_text().lower())
+    )
+    page.tab.click("dialog.confirm button:has-text('Cancel')")
+    runs = daemon.call("GET", f"/api/v2/apps/installs/{writer}/runs", daemon.admin_key)
+    assert runs.json()["data"] == []  # nothing ran
+    page.tab.click("form.schema-form button[type=submit]")
+    page.tab.click("dialog.confirm button:has-text('Run it')")
+    page.tab.wait_for_selector(".result .badge:has-text('succeeded')")
+    assert json.loads(page.tab.inner_text(".result pre.json")) == {"written": 5}

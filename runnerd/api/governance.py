@@ -324,6 +324,8 @@ async def list_runs(request: Request, state: AppState) -> Response:
         install.id,
         tool=request.query_params.get("tool"),
         status=request.query_params.get("status"),
+        surface=request.query_params.get("surface"),
+        since=request.query_params.get("since"),
         before=request.query_params.get("cursor"),
         limit=limit,
     )
@@ -421,6 +423,13 @@ OPS = [
             _INSTALL,
             Param("tool", "Only this tool.", max_length=40),
             Param("status", "Only this status.", max_length=16),
+            Param("surface", "Only runs from this surface (app, chat, api...).", max_length=16),
+            Param(
+                "since",
+                "Only runs started on or after this date or time (UTC, YYYY-MM-DD[THH:MM...]).",
+                max_length=32,
+                pattern=r"^\d{4}-\d{2}-\d{2}([T ][0-9:.]+Z?)?$",
+            ),
             Param("cursor", "nextCursor of the previous page.", max_length=64),
             Param("limit", "1 to 500 (default 50).", integer=(1, 500)),
         ),

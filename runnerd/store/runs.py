@@ -330,15 +330,21 @@ class RunsStore(AuditStore):
         *,
         tool: str | None = None,
         status: str | None = None,
+        surface: str | None = None,
+        since: str | None = None,
         before: str | None = None,
         limit: int = 50,
     ) -> list[RunRow]:
-        """Runs of an install, newest first; ``before`` is the id of the last one seen."""
+        """Runs of an install, newest first; ``before`` is the id of the last one seen;
+        ``since``: started on or after this ISO date or time (UTC)."""
         where, args = ["r.install_id = ?"], [install_id]
-        for column, value in (("r.tool", tool), ("r.status", status)):
+        for column, value in (("r.tool", tool), ("r.status", status), ("r.surface", surface)):
             if value is not None:
                 where.append(f"{column} = ?")
                 args.append(value)
+        if since is not None:
+            where.append("r.started_at >= ?")
+            args.append(since)
         if before is not None:
             where.append("r.id < ?")
             args.append(before)

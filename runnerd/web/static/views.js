@@ -346,10 +346,8 @@ export async function runsView(main, { installId }, query) {
     surface: query.get('surface') || '', since: query.get('since') || '' };
   const cursor = query.get('cursor');
   const found = await api('GET', `/api/v2/apps/installs/${installId}/runs`,
-    { query: { tool: filters.tool, status: filters.status, cursor, limit: 200 } });
-  let runs = found.data;
-  if (filters.surface) runs = runs.filter((r) => r.surface === filters.surface);
-  if (filters.since) runs = runs.filter((r) => r.startedAt >= filters.since);
+    { query: { ...filters, cursor, limit: 50 } });
+  const runs = found.data;
   const control = (id, label, input) => h('div', { class: 'field' }, h('label', { for: id }, label), input);
   const select = (id, options, value) => h('select', { id, name: id },
     options.map((o) => h('option', { value: o, selected: o === value }, o || 'any')));
