@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from runnerd import egress
-from runnerd.api.auth import Caller, caller_of
+from runnerd.api.auth import caller_of, install_for
 from runnerd.api.errors import ApiError
 from runnerd.api.ops import Op, Param, json_response, read_body
 from runnerd.api.state import AppState
@@ -201,22 +201,8 @@ async def create_install(request: Request, state: AppState) -> Response:
     return json_response(_install_info(install), status=201)
 
 
-def _install_for(
-    request: Request, state: AppState, *, scope: str = "apps:write", role: str = "admin"
-) -> tuple[InstallRecord, Caller]:
-    """The install of the path, for a person of at least ``role`` in its workspace (a
-    token needs ``scope``); installs of other workspaces are not found."""
-    caller = caller_of(request, state, scope)
-    user_id = caller.need_person()
-    install = state.store.get_install(request.path_params["installId"])
-    if install is None or state.store.membership(install.workspace_id, user_id) is None:
-        raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
-    caller.member(state.store, install.workspace_id, role=role)
-    return install, caller
-
-
 async def switch_install(request: Request, state: AppState) -> Response:
-    install, caller = _install_for(request, state)
+    install, caller = install_for(request, state)
     body = await read_body(request, SwitchBody, SMALL_BODY)
     version = _published_version(state.store, install.app_slug, body.version)
     switched = state.store.switch_install(
@@ -226,7 +212,7 @@ async def switch_install(request: Request, state: AppState) -> Response:
 
 
 async def rollback_install(request: Request, state: AppState) -> Response:
-    install, caller = _install_for(request, state)
+    install, caller = install_for(request, state)
     rolled = state.store.rollback_install(install.id, user_id=caller.user_id, key_id=caller.key.id)
     if rolled is None:
         raise ApiError(
@@ -246,12 +232,12 @@ def _egress_grant(store: Store, install: InstallRecord) -> EgressGrant:
 
 
 async def show_egress(request: Request, state: AppState) -> Response:
-    install, _ = _install_for(request, state, scope="api:read", role="viewer")
+    install, _ = install_for(request, state, scope="api:read", role="viewer")
     return json_response(_egress_grant(state.store, install))
 
 
 async def narrow_egress(request: Request, state: AppState) -> Response:
-    install, caller = _install_for(request, state)
+    install, caller = install_for(request, state)
     body = await read_body(request, EgressBody, SMALL_BODY)
     requested = [egress.parse(e) for e in state.store.requested_egress(install.version_id)]
     granted: dict[str, None] = {}

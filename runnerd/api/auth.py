@@ -23,13 +23,13 @@ from starlette.requests import Request
 
 from runnerd.access import ROLE_RANK
 from runnerd.api.errors import ApiError
-from runnerd.store import KeyRecord, MembershipRecord, SessionRecord, Store
+from runnerd.store import InstallRecord, KeyRecord, MembershipRecord, SessionRecord, Store
 from runnerd.web.cookies import CookieSigner
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState
 
-__all__ = ["Caller", "authenticate", "caller_of", "session_key"]
+__all__ = ["Caller", "authenticate", "caller_of", "install_for", "session_key"]
 
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -125,3 +125,17 @@ def session_key(session: SessionRecord) -> KeyRecord:
         prefix="",
         created_at="",
     )
+
+
+def install_for(
+    request: Request, state: AppState, *, scope: str = "apps:write", role: str = "admin"
+) -> tuple[InstallRecord, Caller]:
+    """The install of the path, for a person of at least ``role`` in its workspace (a
+    token needs ``scope``); installs of other workspaces are not found."""
+    caller = caller_of(request, state, scope)
+    user_id = caller.need_person()
+    install = state.store.get_install(request.path_params["installId"])
+    if install is None or state.store.membership(install.workspace_id, user_id) is None:
+        raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
+    caller.member(state.store, install.workspace_id, role=role)
+    return install, caller

@@ -69,12 +69,6 @@ def _install(request: Request, state: AppState, caller: Caller, role: str) -> In
     raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
 
 
-def install_for_reading(request: Request, state: AppState, caller: Caller) -> InstallRecord:
-    """The install of the path for a person who may read its runs (viewer and up)."""
-    caller.need_person()
-    return _install(request, state, caller, "viewer")
-
-
 def _who(caller: Caller) -> Who:
     return Who(user_id=caller.need_person(), key_id=caller.key.id)
 

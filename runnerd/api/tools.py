@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runnerd.api.auth import Caller, caller_of
+from runnerd.api.auth import Caller, caller_of, install_for
 from runnerd.api.errors import ApiError, from_domain
 from runnerd.api.ops import Op, Param, json_response, read_body
 from runnerd.api.state import AppState
@@ -205,18 +205,8 @@ def _tool_info(install: InstallRecord, tool: ToolRecord) -> ToolInfo:
     )
 
 
-def _visible_install(request: Request, state: AppState, caller: Caller, role: str) -> InstallRecord:
-    install = state.store.get_install(request.path_params["installId"])
-    user_id = caller.need_person()
-    if install is None or state.store.membership(install.workspace_id, user_id) is None:
-        raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
-    caller.member(state.store, install.workspace_id, role=role)
-    return install
-
-
 async def get_tool(request: Request, state: AppState) -> Response:
-    caller = caller_of(request, state, "api:read")
-    install = _visible_install(request, state, caller, "viewer")
+    install, _ = install_for(request, state, scope="api:read", role="viewer")
     tool = state.calls.tool(install, request.path_params["toolName"])
     return json_response(
         ToolDetail(
@@ -230,8 +220,7 @@ async def get_tool(request: Request, state: AppState) -> Response:
 async def check_tool_input(request: Request, state: AppState) -> Response:
     """The run's own input check, without the run: what the Manage page's test form asks
     before it sends, so it can show a refusal next to its field."""
-    caller = _caller_for_run(request, state)
-    install = _visible_install(request, state, caller, "member")
+    install, _ = install_for(request, state, scope="tools:run", role="member")
     tool = state.calls.tool(install, request.path_params["toolName"])
     body = await read_body(request, RunBody, RUN_BODY_LIMIT, nesting_reason="INVALID_INPUT")
     await state.calls.runner.check_input(tool, body.input, key=tool_key(tool, install.version_id))

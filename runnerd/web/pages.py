@@ -12,9 +12,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runnerd.api.auth import caller_of
+from runnerd.api.auth import install_for
 from runnerd.api.errors import ApiError
-from runnerd.api.governance import install_for_reading
 from runnerd.api.state import AppState
 from runnerd.web.chart import usage_svg
 
@@ -67,8 +66,7 @@ async def page(request: Request) -> Response:
 async def usage_chart(request: Request) -> Response:
     state: AppState = request.app.state.runnerd
     try:
-        caller = caller_of(request, state, "api:read")
-        install = install_for_reading(request, state, caller)
+        install, _ = install_for(request, state, scope="api:read", role="viewer")
     except ApiError as exc:
         return Response(exc.message, status_code=exc.status, media_type="text/plain")
     days = 30
