@@ -233,6 +233,22 @@ def cmd_tools_list(args: argparse.Namespace, client: ApiClient) -> int:
     return output(args, result, human)
 
 
+def cmd_tools_types(args: argparse.Namespace, client: ApiClient) -> int:
+    """Type definitions of the installed tools' inputs and outputs, for the SDKs."""
+    from runnerd.sdk.types import python_types, typescript_types
+
+    result = client.call("GET", "/api/v2/apps/tools", query={"workspaceId": _workspace_arg(args)})
+    tools = [t for t in result["data"] if args.app is None or t["appSlug"] == args.app]
+    if not tools:
+        print(
+            "runnerd: no installed tools" + (f" of {args.app}" if args.app else ""), file=sys.stderr
+        )
+        return 1
+    generate = typescript_types if args.lang == "ts" else python_types
+    sys.stdout.write(generate(tools, bare_names=args.app is not None))
+    return 0
+
+
 def cmd_tools_run(args: argparse.Namespace, client: ApiClient) -> int:
     slug, sep, tool = args.reference.partition("/")
     if not sep or not slug or not tool:
@@ -459,6 +475,14 @@ def register_client(
         choices=("app", "chat", "relay", "workflow", "api", "cli", "test"),
     )
     p.set_defaults(func=_client_command(cmd_tools_run))
+    p = tools.add_parser(
+        "types",
+        parents=[common, client],
+        help="type definitions of the installed tools' inputs and outputs, for the SDKs",
+    )
+    p.add_argument("--lang", choices=("ts", "py"), required=True)
+    p.add_argument("--app", help="one app only (its tools also by bare name)")
+    p.set_defaults(func=_client_command(cmd_tools_types))
 
     def install_args(p: argparse.ArgumentParser) -> None:
         with_app(p)

@@ -1,0 +1,2 @@
+// The one Node global this example uses (so the type check needs no @types/node).
+declare const process: { env: Record<string, string | undefined> };

@@ -1,0 +1,237 @@
+"""The app SDKs against a live daemon: Python (runnerd.sdk, sync and async) here, and the
+JS package's own node:test suite (clients/js/test), run with this module's daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import AppDir, run_cli, tool_doc
+from daemon import Daemon
+from runnerd.sdk import AppBridgeError, AppClient, AsyncAppClient
+
+pytestmark = pytest.mark.jail
+
+REPO = Path(__file__).resolve().parent.parent
+JS_SDK = REPO / "clients" / "js"
+TOOLS = {
+    "echo": "def run(i):\n    return {'echo': i}\n",
+    "boom": "def run(i):\n    raise ValueError('the ledger is closed')\n",
+    "slow": "import time\ndef run(i):\n    time.sleep(5)\n    return {}\n",
+}
+INPUT = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "maximum": 10}},
+    "additionalProperties": True,
+}
+
+
+def _app(root: Path, slug: str) -> Path:
+    app = AppDir(root)
+    app.write("agentserve.app.yaml", f"slug: {slug}\nname: {slug}\ntools: ./tools/*\n")
+    for name, source in TOOLS.items():
+        doc = tool_doc(name, input=INPUT, timeoutMs=1000 if name == "slow" else 10000)
+        app.tool(name, yaml=doc, source=source)
+    return root
+
+
+@pytest.fixture(scope="module")
+def world(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Two apps: ``sdk-demo``, and ``sdk-broke`` whose budget is spent."""
+    demo = daemon.ship(_app(tmp_path_factory.mktemp("demo"), "sdk-demo"))
+    broke = daemon.ship(_app(tmp_path_factory.mktemp("broke"), "sdk-broke"))
+    spent = daemon.call(
+        "PUT", f"/api/v2/apps/installs/{broke['installId']}/budget", daemon.admin_key,
+        json={"monthlyMs": 0},
+    )  # fmt: skip
+    assert spent.status_code == 200, spent.text
+    return {
+        "url": daemon.url,
+        "workspaceId": daemon.workspace_id,
+        "apiKey": daemon.admin_key,
+        "viewerKey": daemon.person("sdk-viewer@example.com", role="viewer"),
+        "workspaceKey": daemon.key(kind="workspace", workspace_id=daemon.workspace_id),
+        "installId": demo["installId"],
+    }
+
+
+def _client(world: dict[str, Any], **kw: Any) -> AppClient:
+    return AppClient(world["url"], kw.pop("api_key", world["apiKey"]), world["workspaceId"],
+                     app=kw.pop("app", "sdk-demo"), **kw)  # fmt: skip
+
+
+def test_a_run_that_started_resolves_whatever_its_status(world: dict[str, Any]) -> None:
+    client = _client(world)
+    ok = client.run_tool("echo", {"n": 3})
+    assert ok.status == "succeeded" and ok.output == {"echo": {"n": 3}} and ok.run_id
+    assert ok.duration_ms is not None and ok.duration_ms > 0
+    failed = client.run_tool("boom", {})
+    assert failed.status == "failed" and "the ledger is closed" in (failed.error or "")
+    slow = client.run_tool("sdk-demo/slow", {})  # a full reference works too
+    assert slow.status == "timed_out" and slow.output is None
+
+
+@pytest.mark.parametrize(
+    ("call", "code", "reason", "status"),
+    [
+        (lambda w: _client(w).run_tool("echo", {"n": 11}), "BAD_REQUEST", "INVALID_INPUT", 400),
+        (lambda w: _client(w, app="sdk-broke").run_tool("echo", {}), "FORBIDDEN",
+         "budget_exhausted", 403),
+        (lambda w: _client(w, api_key=w["viewerKey"]).run_tool("echo", {}), "FORBIDDEN",
+         "INSUFFICIENT_WORKSPACE_ROLE", 403),
+        (lambda w: _client(w, api_key=w["workspaceKey"]).run_tool("echo", {}), "FORBIDDEN",
+         "WORKSPACE_KEY_NOT_ALLOWED", 403),
+        (lambda w: _client(w).run_tool("nope", {}), "NOT_FOUND", "TOOL_NOT_FOUND", 404),
+        (lambda w: _client(w, api_key="rk_p_wrong").run_tool("echo", {}), "UNAUTHORIZED",
+         "UNAUTHORIZED", 401),
+    ],
+)  # fmt: skip
+def test_every_refusal_raises_with_its_reason(
+    world: dict[str, Any], call: Any, code: str, reason: str, status: int
+) -> None:
+    with pytest.raises(AppBridgeError) as caught:
+        call(world)
+    assert (caught.value.code, caught.value.reason, caught.value.status) == (code, reason, status)
+    assert caught.value.message
+
+
+def test_an_idempotent_retry_returns_the_first_run(world: dict[str, Any]) -> None:
+    client = _client(world)
+    first = client.run_tool("echo", {"n": 1}, idempotency_key="sdk-key-1")
+    again = client.run_tool("echo", {"n": 1}, idempotency_key="sdk-key-1")
+    assert again.run_id == first.run_id
+    with pytest.raises(AppBridgeError) as caught:
+        client.run_tool("echo", {"n": 2}, idempotency_key="sdk-key-1")
+    assert caught.value.status == 409 or caught.value.reason.startswith("IDEMPOTENCY")
+
+
+def test_list_tools_gives_the_apps_tools_with_schemas(world: dict[str, Any]) -> None:
+    tools = {t.name: t for t in _client(world).list_tools()}
+    assert set(tools) == set(TOOLS)
+    assert tools["echo"].reference == "sdk-demo/echo"
+    assert tools["echo"].input_schema["properties"]["n"]["maximum"] == 10
+    everything = AppClient(world["url"], world["apiKey"], world["workspaceId"]).list_tools()
+    assert {"sdk-demo", "sdk-broke"} <= {t.app_slug for t in everything}
+
+
+def test_rate_limits_raise_with_retry_after_and_opt_in_retries_wait(
+    daemon: Daemon, world: dict[str, Any]
+) -> None:
+    key = daemon.person("sdk-burst@example.com", role="member")
+    client = _client(world, api_key=key)
+    with pytest.raises(AppBridgeError) as caught:
+        for _ in range(200):
+            client.list_tools()
+    assert caught.value.code == "RATE_LIMITED" and caught.value.status == 429
+    assert caught.value.retry_after is not None and caught.value.retry_after >= 1
+    patient = _client(world, api_key=key, retries=3)
+    assert patient.run_tool("echo", {"n": 4}).status == "succeeded"
+
+
+def test_the_async_client_does_the_same(world: dict[str, Any]) -> None:
+    async def calls() -> tuple[Any, ...]:
+        client = AsyncAppClient(world["url"], world["apiKey"], world["workspaceId"], app="sdk-demo")
+        ran, tools = await asyncio.gather(client.run_tool("echo", {"n": 5}), client.list_tools())
+        with pytest.raises(AppBridgeError) as caught:
+            await client.run_tool("echo", {"n": 50})
+        return ran, tools, caught.value
+
+    ran, tools, refused = asyncio.run(calls())
+    assert (
+        ran.output == {"echo": {"n": 5}} and len(tools) == 3 and refused.reason == "INVALID_INPUT"
+    )
+
+
+def test_an_unreachable_daemon_is_an_app_bridge_error() -> None:
+    with pytest.raises(AppBridgeError) as caught:
+        AppClient("http://127.0.0.1:9", "k", "ws", app="a").run_tool("t", {})
+    assert (caught.value.code, caught.value.reason, caught.value.status) == (
+        "UNAVAILABLE", "connection_failed", 0,
+    )  # fmt: skip
+
+
+def test_the_js_sdk_suite(world: dict[str, Any]) -> None:
+    node = shutil.which("node")
+    assert node, "the JS SDK tests need Node.js"
+    done = subprocess.run(
+        [node, "--test", "--test-reporter=spec", str(JS_SDK / "test")],
+        env={**os.environ, "RUNNERD_SDK_TEST": json.dumps(world)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "# fail 0" in done.stdout or "fail 0" in done.stdout, done.stdout
+
+
+EXAMPLE = REPO / "examples" / "deal-desk"
+CLIENT = REPO / "examples" / "deal-desk-client"
+
+
+@pytest.fixture(scope="module")
+def deal_desk(daemon: Daemon) -> str:
+    return str(daemon.ship(EXAMPLE)["installId"])
+
+
+def test_the_example_app_scores_an_offer_through_the_python_sdk(
+    daemon: Daemon, deal_desk: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, str(CLIENT / "quote.py")],
+        env={**daemon.client_env(), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("approve (89/100): "), done.stdout
+
+
+@pytest.mark.network
+def test_generated_types_check_the_example_app_at_compile_time(
+    daemon: Daemon, deal_desk: str, tmp_path: Path
+) -> None:
+    """tsc --noEmit on quote.ts with the types `runnerd tools types --lang ts` printed; the
+    same with a wrong input fails on that field. mypy does the same for quote.py."""
+    app = tmp_path / "examples" / "deal-desk-client"
+    shutil.copytree(CLIENT, app)
+    shutil.copytree(JS_SDK, tmp_path / "clients" / "js", ignore=shutil.ignore_patterns("test"))
+    env = daemon.client_env()
+    for lang, target in (("ts", "runnerd-tools.ts"), ("py", "runnerd_tools.py")):
+        made = run_cli("tools", "types", "--lang", lang, "--app", "deal-desk", env=env)
+        assert made.returncode == 0, made.stderr
+        (app / target).write_text(made.stdout)
+    npm = shutil.which("npm")
+    assert npm, "the type check needs npm"
+    installed = subprocess.run(
+        [npm, "install", "--no-save", "--ignore-scripts", "--no-audit", "--no-fund",
+         "typescript@5.9"],
+        cwd=app, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    tsc = [str(app / "node_modules" / ".bin" / "tsc"), "-p", str(app)]
+    checked = subprocess.run(tsc, capture_output=True, text=True, timeout=300)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    source = app / "quote.ts"
+    source.write_text(source.read_text().replace("discountPct: 12,", "discountPct: '12',"))
+    wrong = subprocess.run(tsc, capture_output=True, text=True, timeout=300)
+    assert wrong.returncode != 0 and "quote.ts(30," in wrong.stdout, wrong.stdout
+    assert "Type 'string' is not assignable to type 'number'" in wrong.stdout
+
+    mypy = [sys.executable, "-m", "mypy", "--strict", str(app / "quote.py")]
+    typed = subprocess.run(mypy, cwd=app, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "MYPYPATH": str(app)})  # fmt: skip
+    assert typed.returncode == 0, typed.stdout
+    script = app / "quote.py"
+    script.write_text(script.read_text().replace('"discountPct": 12,', '"discountPct": "12",'))
+    untyped = subprocess.run(mypy, cwd=app, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "MYPYPATH": str(app)})  # fmt: skip
+    assert untyped.returncode != 0 and "discountPct" in untyped.stdout, untyped.stdout
