@@ -390,10 +390,20 @@ class Calls:
             if again is None:  # the first call was refused and released the key
                 return None
         assert run_id is not None
-        running = self._running.get(run_id)
-        if running is not None:
-            return await asyncio.shield(running)
-        return self.recorded(run_id)
+        return await self.outcome(run_id)
+
+    async def outcome(self, run_id: str) -> CallResult:
+        """A run's result: awaited while it runs, from memory or its record after. A run
+        just admitted (an approved one starts in a task) is waited for too."""
+        deadline = time.monotonic() + 330
+        while True:
+            running = self._running.get(run_id)
+            if running is not None:
+                return await asyncio.shield(running)
+            found = self.recorded(run_id)
+            if found.status != "running" or time.monotonic() > deadline:
+                return found
+            await asyncio.sleep(0.01)
 
     def recorded(self, run_id: str) -> CallResult:
         """A finished run's result: from memory when still there, else its record (the

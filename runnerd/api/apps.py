@@ -198,7 +198,14 @@ async def create_install(request: Request, state: AppState) -> Response:
     install = state.store.create_install(
         workspace_id, version.app_id, version.id, user_id, key_id=caller.key.id
     )
+    await _tools_changed(state)
     return json_response(_install_info(install), status=201)
+
+
+async def _tools_changed(state: AppState) -> None:
+    """Tell chat agents' MCP sessions that the tools they may call changed."""
+    if state.mcp is not None:
+        await state.mcp.tools_changed()
 
 
 async def switch_install(request: Request, state: AppState) -> Response:
@@ -208,6 +215,7 @@ async def switch_install(request: Request, state: AppState) -> Response:
     switched = state.store.switch_install(
         install.id, version.id, user_id=caller.user_id, key_id=caller.key.id
     )
+    await _tools_changed(state)
     return json_response(_install_info(switched))
 
 
@@ -220,6 +228,7 @@ async def rollback_install(request: Request, state: AppState) -> Response:
             "the install has no previous version to roll back to",
             details={"code": "NO_PREVIOUS_VERSION"},
         )
+    await _tools_changed(state)
     return json_response(_install_info(rolled))
 
 

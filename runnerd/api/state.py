@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from runnerd.api.limits import RateLimiter
 from runnerd.calls import Calls
@@ -10,6 +11,9 @@ from runnerd.config import Settings
 from runnerd.run.engine import Engine
 from runnerd.store import Store
 from runnerd.web.cookies import CookieSigner
+
+if TYPE_CHECKING:
+    from runnerd.api.mcp import McpGateway
 
 __all__ = ["AppState"]
 
@@ -22,3 +26,4 @@ class AppState:
     limiter: RateLimiter
     calls: Calls
     cookies: CookieSigner
+    mcp: McpGateway | None = None  # the MCP endpoint, to tell its sessions tools changed

@@ -47,7 +47,20 @@ def _parser() -> argparse.ArgumentParser:
 
     register_admin(groups, common, group_parser)
     register_client(groups, common, app, group_parser)
+    mcp = groups.add_parser(
+        "mcp", parents=[common], help="a stdio MCP server for desktop agents, forwarding to /mcp"
+    )
+    mcp.add_argument("--url", help="the daemon ($RUNNERD_URL, default http://127.0.0.1:8686)")
+    mcp.add_argument("--api-key", help="a personal API key or token ($RUNNERD_API_KEY)")
+    mcp.add_argument("--workspace", help="the workspace id ($RUNNERD_WORKSPACE)")
+    mcp.set_defaults(func=_mcp)
     return parser
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    from runnerd.cli.mcp_bridge import cmd_mcp  # the MCP SDK only for this command
+
+    return cmd_mcp(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -58,6 +58,7 @@ HEAD_LIMIT = 16 * 1024  # a request line and headers; more is not a proxy reques
 HEAD_TIMEOUT_S = 10.0  # to send them, once connected
 RESOLVE_TIMEOUT_S = 5.0
 RESOLVER_THREADS = 4
+ACCEPT_BACKLOG = 8
 CHUNK = 64 * 1024
 MAX_FIGURES = 32  # destinations recorded per run; the rest are summed under "other"
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
@@ -220,8 +221,11 @@ class EgressProxy:
             _remove_stale(self.path.parent)
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
+            # A small backlog: asyncio accepts up to that many connections in one turn of
+            # the loop, so a flood of connects is taken in small bites (and a flooding
+            # jail waits in connect) instead of stalling the daemon for one long turn.
             self._server = await asyncio.start_unix_server(
-                self._serve, path=str(self.path), limit=HEAD_LIMIT
+                self._serve, path=str(self.path), limit=HEAD_LIMIT, backlog=ACCEPT_BACKLOG
             )
             # Any jail uid may connect; it is then known by its uid and its credential.
             self.path.chmod(0o666)

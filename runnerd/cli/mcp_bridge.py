@@ -1,0 +1,107 @@
+"""``runnerd mcp``: a stdio MCP server for desktop agents that launch servers as processes,
+forwarding to a daemon's ``/mcp`` endpoint over streamable HTTP.
+
+Tools, calls and confirmations pass through unchanged: a write tool's
+``InputRequiredResult`` goes to the agent, and its answer back to the daemon, which
+decides. An agent that cannot elicit is forwarded on a connection that says so, and gets
+the daemon's pending-approval result. Tool-list changes the daemon announces are
+announced to the agent too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from typing import Any, cast
+
+import anyio
+import mcp_types as types
+from mcp import Client
+from mcp.client.session import ElicitationFnT
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server.lowlevel.server import Server
+from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from runnerd import __version__
+
+__all__ = ["Bridge", "cmd_mcp"]
+
+
+async def _confirm_upstream(ctx: Any, params: Any) -> types.ElicitResult:
+    # Never called: calls pass allow_input_required, so the agent answers, not the bridge.
+    return types.ElicitResult(action="cancel")
+
+
+class Bridge:
+    def __init__(self, url: str, api_key: str, workspace_id: str) -> None:
+        self.endpoint = f"{url.rstrip('/')}/mcp?workspaceId={workspace_id}"
+        self.api_key = api_key
+        self.bus = InMemorySubscriptionBus()
+        self.upstream: dict[bool, Client] = {}  # by whether the agent can elicit
+
+    def _client(self, eliciting: bool) -> Client:
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {self.api_key}"})
+        transport = streamable_http_client(self.endpoint, http_client=http)
+        if eliciting:  # declares the capability; the agent answers through the bridge
+            return Client(transport, elicitation_callback=cast("ElicitationFnT", _confirm_upstream))
+        return Client(transport)
+
+    async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
+        return await self.upstream[False].list_tools()
+
+    async def call_tool(
+        self, ctx: Any, params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        capabilities = ctx.session.client_capabilities
+        eliciting = capabilities is not None and capabilities.elicitation is not None
+        session = self.upstream[eliciting].session
+        return await session.call_tool(
+            params.name,
+            params.arguments,
+            input_responses=params.input_responses,
+            request_state=params.request_state,
+            allow_input_required=True,
+        )
+
+    async def relay_changes(self) -> None:
+        """Announce the daemon's tool-list changes to the agent."""
+        with contextlib.suppress(Exception):
+            async with self.upstream[False].listen(tools_list_changed=True) as events:
+                async for _ in events:
+                    await self.bus.publish(ToolsListChanged())
+
+    async def serve(self) -> None:
+        server: Server[Any] = Server(
+            "runnerd",
+            version=__version__,
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+            on_subscriptions_listen=ListenHandler(self.bus),
+        )
+        async with contextlib.AsyncExitStack() as stack:
+            for eliciting in (False, True):
+                self.upstream[eliciting] = await stack.enter_async_context(self._client(eliciting))
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self.relay_changes)
+                async with stdio_server() as (read, write):
+                    await server.run(read, write, server.create_initialization_options())
+                tasks.cancel_scope.cancel()
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    url = args.url or os.environ.get("RUNNERD_URL") or "http://127.0.0.1:8686"
+    key = args.api_key or os.environ.get("RUNNERD_API_KEY")
+    workspace = args.workspace or os.environ.get("RUNNERD_WORKSPACE")
+    if not key or not workspace:
+        print(
+            "runnerd mcp: give --api-key (or RUNNERD_API_KEY) and --workspace "
+            "(or RUNNERD_WORKSPACE)",
+            file=sys.stderr,
+        )
+        return 2
+    anyio.run(Bridge(url, key, workspace).serve)
+    return 0

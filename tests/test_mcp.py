@@ -1,0 +1,266 @@
+"""Chat agents over MCP, with the official MCP Python SDK's client against a live daemon:
+streamable HTTP at /mcp, and stdio through `runnerd mcp`."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import mcp_types as types
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from conftest import RUNNERD, AppDir, tool_doc
+from daemon import Daemon
+
+pytestmark = pytest.mark.jail
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "deal-desk"
+OFFER = {
+    "discountPct": 12,
+    "marginPct": 30,
+    "termMonths": 24,
+    "dealSize": 120000,
+    "tier": "enterprise",
+}
+TOOLS = {
+    "boom": ("read", "def run(i):\n    raise RuntimeError('the crm is down')\n", 10000),
+    "slow": ("read", "import time\ndef run(i):\n    time.sleep(5)\n    return {}\n", 1000),
+    "post_entry": ("write", "def run(i):\n    return {'posted': i['amount']}\n", 10000),
+}
+AMOUNT = {"type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"]}
+
+
+@pytest.fixture(scope="module")
+def installs(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    desk = daemon.ship(EXAMPLE)
+    app = AppDir(tmp_path_factory.mktemp("ledger"))
+    app.write("agentserve.app.yaml", "slug: ledger\nname: Ledger\ntools: ./tools/*\n")
+    for name, (effect, source, timeout) in TOOLS.items():
+        schema = AMOUNT if name == "post_entry" else {"type": "object"}
+        app.tool(
+            name, yaml=tool_doc(name, effect=effect, input=schema, timeoutMs=timeout), source=source
+        )
+    ledger = daemon.ship(app.root)
+    return {"deal-desk": desk["installId"], "ledger": ledger["installId"]}
+
+
+def _client(daemon: Daemon, key: str | None = None, **kw: Any) -> Client:
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {key or daemon.admin_key}"})
+    url = f"{daemon.url}/mcp?workspaceId={daemon.workspace_id}"
+    return Client(streamable_http_client(url, http_client=http), **kw)
+
+
+def _run(work: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(work())
+
+
+def _audit(daemon: Daemon, action: str) -> list[dict[str, Any]]:
+    found = daemon.call(
+        "GET",
+        "/api/v2/audit",
+        daemon.admin_key,
+        params={"workspaceId": daemon.workspace_id, "action": action, "limit": 1000},
+    )
+    return list(found.json()["data"])
+
+
+def test_list_tools_names_annotations_and_schemas(daemon: Daemon, installs: dict[str, str]) -> None:
+    async def work() -> Any:
+        async with _client(daemon) as client:
+            return await client.list_tools()
+
+    tools = {t.name: t for t in _run(work).tools}
+    score = tools["deal-desk__score_offer"]
+    assert score.title == "deal-desk/score_offer"
+    assert score.input_schema["required"] == [
+        "discountPct",
+        "marginPct",
+        "termMonths",
+        "dealSize",
+        "tier",
+    ]
+    assert score.output_schema and "decision" in score.output_schema["properties"]
+    assert score.annotations.read_only_hint is True and not score.annotations.destructive_hint
+    post = tools["ledger__post_entry"].annotations
+    assert post.destructive_hint is True and post.read_only_hint is False
+    assert "runnerd.approval" in tools
+
+
+def test_call_returns_structured_content_and_is_audited_as_chat(
+    daemon: Daemon, installs: dict[str, str]
+) -> None:
+    async def work() -> Any:
+        async with _client(daemon) as client:
+            return await client.call_tool("deal-desk__score_offer", OFFER)
+
+    result = _run(work)
+    assert result.is_error is not True
+    assert result.structured_content["decision"] == "approve"
+    assert '"decision": "approve"' in result.content[0].text
+    run_id = result.meta["runnerd/run"]["runId"]
+    run = daemon.call("GET", f"/api/v2/runs/{run_id}", daemon.admin_key).json()["run"]
+    assert run["surface"] == "chat" and run["userEmail"] == "ada@example.com"
+    [entry] = [e for e in _audit(daemon, "tool.run") if e["detail"].get("runId") == run_id]
+    assert entry["surface"] == "chat" and entry["actorUserId"] == run["userId"]
+
+
+def test_refusals_failures_and_timeouts(daemon: Daemon, installs: dict[str, str]) -> None:
+    async def work() -> tuple[Any, ...]:
+        async with _client(daemon) as client:
+            invalid = await client.call_tool(
+                "deal-desk__score_offer", {**OFFER, "discountPct": 150}
+            )
+            failed = await client.call_tool("ledger__boom", {})
+            slow = await client.call_tool("ledger__slow", {})
+            with pytest.raises(Exception) as unknown:
+                await client.call_tool("ledger__nope", {})
+            return invalid, failed, slow, unknown.value
+
+    invalid, failed, slow, unknown = _run(work)
+    assert invalid.is_error and invalid.structured_content["error"]["reason"] == "INVALID_INPUT"
+    assert invalid.structured_content["error"]["details"]["pointer"] == "/discountPct"
+    assert failed.is_error and "the crm is down" in failed.content[0].text
+    assert failed.meta["runnerd/run"]["status"] == "failed"
+    assert slow.is_error and slow.meta["runnerd/run"]["status"] == "timed_out"
+    assert "no tool 'ledger__nope'" in str(unknown)
+
+
+def test_a_write_tool_asks_and_runs_only_when_accepted(
+    daemon: Daemon, installs: dict[str, str]
+) -> None:
+    asked: list[str] = []
+
+    def answer(confirm: bool | None) -> Any:
+        async def elicit(ctx: Any, params: Any) -> types.ElicitResult:
+            asked.append(params.message)
+            if confirm is None:
+                return types.ElicitResult(action="decline")
+            return types.ElicitResult(action="accept", content={"confirm": confirm})
+
+        return elicit
+
+    def runs() -> int:
+        found = daemon.call(
+            "GET",
+            f"/api/v2/apps/installs/{installs['ledger']}/runs",
+            daemon.admin_key,
+            params={"tool": "post_entry"},
+        )
+        return len(found.json()["data"])
+
+    async def call(confirm: bool | None, amount: int) -> Any:
+        async with _client(daemon, elicitation_callback=answer(confirm)) as client:
+            return await client.call_tool("ledger__post_entry", {"amount": amount})
+
+    before = runs()
+    declined = _run(lambda: call(None, 7))
+    assert declined.is_error and declined.structured_content["status"] == "declined"
+    unticked = _run(lambda: call(False, 8))
+    assert unticked.is_error and runs() == before  # nothing ran unasked
+    assert (
+        "ledger/post_entry" in asked[0] and '"amount": 7' in asked[0] and "write tool" in asked[0]
+    )
+    accepted = _run(lambda: call(True, 9))
+    assert accepted.is_error is not True and accepted.structured_content == {"posted": 9}
+    assert runs() == before + 1
+    assert len(_audit(daemon, "approval.deny")) >= 2  # declined, and not ticked
+    assert len(_audit(daemon, "approval.approve")) >= 1
+
+
+def test_a_client_without_elicitation_gets_a_pending_approval(
+    daemon: Daemon, installs: dict[str, str]
+) -> None:
+    async def ask() -> Any:
+        async with _client(daemon) as client:  # no elicitation callback: not declared
+            return await client.call_tool("ledger__post_entry", {"amount": 3})
+
+    pending = _run(ask)
+    assert pending.is_error is not True
+    assert pending.structured_content["status"] == "pending_approval"
+    approval_id = pending.structured_content["approvalId"]
+    approved = daemon.call("POST", f"/api/v2/approvals/{approval_id}/approve", daemon.admin_key)
+    assert approved.status_code == 200, approved.text
+
+    async def outcome() -> Any:
+        async with _client(daemon) as client:
+            return await client.call_tool("runnerd.approval", {"approvalId": approval_id})
+
+    found = _run(outcome).structured_content
+    assert found["status"] == "approved" and found["run"]["status"] == "succeeded"
+    assert found["run"]["output"] == {"posted": 3}
+
+
+def test_switching_sends_tools_list_changed(
+    daemon: Daemon, installs: dict[str, str], tmp_path: Path
+) -> None:
+    v2 = tmp_path / "deal-desk"
+    shutil.copytree(EXAMPLE, v2)
+    manifest = v2 / "agentserve.app.yaml"
+    manifest.write_text("version: 'mcp-2'\n" + manifest.read_text())
+    answer = daemon.deploy(v2)
+    assert answer.status_code == 201, answer.text
+    deployed = answer.json()["version"]["version"]
+    daemon.call(
+        "POST",
+        f"/api/v2/apps/deal-desk/versions/{deployed}/publish",
+        daemon.admin_key,
+        params={"workspaceId": daemon.workspace_id},
+    )
+
+    async def work() -> Any:
+        async with _client(daemon) as client, client.listen(tools_list_changed=True) as events:
+            switched = await asyncio.to_thread(
+                daemon.call,
+                "POST",
+                f"/api/v2/apps/installs/{installs['deal-desk']}/switch",
+                daemon.admin_key,
+                json={"version": deployed},
+            )
+            assert switched.status_code == 200, switched.text
+            return await asyncio.wait_for(events.__anext__(), 10)
+
+    event = _run(work)
+    assert type(event).__name__ == "ToolsListChanged"
+
+
+def test_workspace_keys_and_bad_keys_are_refused(daemon: Daemon, installs: dict[str, str]) -> None:
+    url = f"{daemon.url}/mcp?workspaceId={daemon.workspace_id}"
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    workspace_key = daemon.key(kind="workspace", workspace_id=daemon.workspace_id)
+    refused = httpx.post(url, json=body, headers={"Authorization": f"Bearer {workspace_key}"})
+    assert refused.status_code == 403
+    assert refused.json()["error"]["details"]["code"] == "WORKSPACE_KEY_NOT_ALLOWED"
+    assert httpx.post(url, json=body).status_code == 401
+    assert httpx.post(url, json=body, headers={"X-API-Key": "rk_p_nope"}).status_code == 401
+    other = httpx.post(f"{daemon.url}/mcp", json=body, headers={"X-API-Key": daemon.admin_key})
+    assert other.status_code == 400
+
+
+def test_the_stdio_bridge(daemon: Daemon, installs: dict[str, str]) -> None:
+    server = StdioServerParameters(
+        command=RUNNERD,
+        args=["mcp", "--url", daemon.url, "--workspace", daemon.workspace_id],
+        env={"RUNNERD_API_KEY": daemon.admin_key, "PATH": "/usr/bin:/bin"},
+    )
+
+    async def confirm(ctx: Any, params: Any) -> types.ElicitResult:
+        return types.ElicitResult(action="accept", content={"confirm": True})
+
+    async def work() -> tuple[Any, ...]:
+        async with Client(server, elicitation_callback=confirm) as client:
+            tools = await client.list_tools()
+            scored = await client.call_tool("deal-desk__score_offer", OFFER)
+            posted = await client.call_tool("ledger__post_entry", {"amount": 11})
+            return tools, scored, posted
+
+    tools, scored, posted = _run(work)
+    assert "deal-desk__score_offer" in {t.name for t in tools.tools}
+    assert scored.structured_content["decision"] == "approve"
+    assert posted.structured_content == {"posted": 11}
