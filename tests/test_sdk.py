@@ -173,7 +173,7 @@ def test_the_js_sdk_suite(world: dict[str, Any]) -> None:
 
 
 EXAMPLE = REPO / "examples" / "deal-desk"
-CLIENT = REPO / "examples" / "deal-desk-client"
+CLIENT = REPO / "examples" / "deal-desk" / "client"
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +201,7 @@ def test_generated_types_check_the_example_app_at_compile_time(
 ) -> None:
     """tsc --noEmit on quote.ts with the types `runnerd tools types --lang ts` printed; the
     same with a wrong input fails on that field. mypy does the same for quote.py."""
-    app = tmp_path / "examples" / "deal-desk-client"
+    app = tmp_path / "examples" / "deal-desk" / "client"
     shutil.copytree(CLIENT, app)
     shutil.copytree(JS_SDK, tmp_path / "clients" / "js", ignore=shutil.ignore_patterns("test"))
     env = daemon.client_env()
