@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ import msgspec
 
 from runnerd.config import Settings
 from runnerd.errors import BudgetExhausted, RunnerdError
+from runnerd.metrics import METRICS
 from runnerd.run.jail import SandboxUnavailable
 from runnerd.run.runner import CheckedInput, Runner, RunResult, tool_key
 from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord
@@ -34,6 +35,7 @@ __all__ = [
     "Pending",
     "RunGate",
     "RunQueueFull",
+    "Stopping",
     "ToolNotFound",
 ]
 
@@ -60,19 +62,49 @@ class RunQueueFull(RunnerdError):
     reason, status, retry_after_s = "RUN_QUEUE_FULL", 503, 1
 
 
+class Stopping(RunnerdError):
+    """The daemon is stopping: it admits no new run; another node (or this one, once
+    restarted) will."""
+
+    reason, status, retry_after_s = "RUNNERD_STOPPING", 503, 5
+
+
+def _count_run(
+    install: InstallRecord,
+    tool: str,
+    surface: str,
+    status: str,
+    duration_ms: int,
+    egress: list[dict[str, Any]] | None,
+) -> None:
+    METRICS.runs.labels(install.app_slug, tool, surface, status).inc()
+    METRICS.run_seconds.labels(install.app_slug, tool).observe(duration_ms / 1000)
+    for use in egress or []:
+        METRICS.egress_bytes.labels("sent").inc(use.get("bytesSent", 0))
+        METRICS.egress_bytes.labels("received").inc(use.get("bytesReceived", 0))
+
+
+class Interrupted(Exception):
+    """A run ended by the daemon's stop (its rows are ended already)."""
+
+
 class RunGate:
     """At most ``concurrent`` runs at once and ``queued`` waiting; past that, calls are
-    refused at once (RunQueueFull): never an unbounded pile-up."""
+    refused at once (RunQueueFull): never an unbounded pile-up. Once ``closing`` (the
+    daemon is stopping), no new run is admitted (Stopping)."""
 
     def __init__(self, concurrent: int, queued: int) -> None:
         self._slots = asyncio.Semaphore(concurrent)
         self.queued = queued
         self.waiting = 0
+        self.closing = False
 
     @contextlib.asynccontextmanager
     async def admit(self, *, must_wait: bool = False) -> AsyncIterator[None]:
         """A run slot; ``must_wait`` queues even past the bound (an approved run, whose
         row already exists, is never refused)."""
+        if self.closing and not must_wait:
+            raise Stopping("runnerd is stopping and admits no new run; try again shortly")
         if not must_wait and self._slots.locked() and self.waiting >= self.queued:
             raise RunQueueFull("too many runs are waiting; try again shortly")
         self.waiting += 1
@@ -181,6 +213,7 @@ class Calls:
     _held: dict[str, _Held] = field(default_factory=dict)
     _running: dict[str, asyncio.Future[CallResult]] = field(default_factory=dict)
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    _stopped: asyncio.Event = field(default_factory=asyncio.Event)  # runs still going end
 
     @classmethod
     def from_settings(
@@ -288,7 +321,7 @@ class Calls:
             if idempotency_key is not None:
                 self.store.settle_idempotency_key(who.user_id, idempotency_key, run_id)
             return await self._execute(
-                run_id, install, tool, value, version_id, who.key_id, checked
+                run_id, install, tool, value, version_id, who.key_id, checked, surface
             )
 
     def _start_run(
@@ -323,6 +356,7 @@ class Calls:
         version_id: str,
         key_id: str | None,
         checked: CheckedInput,
+        surface: str,
     ) -> CallResult:
         """Run an admitted run in its jail and end it (row, ledger, audit, budget in one
         transaction); the result stays in memory only. Its row ends even if no jail
@@ -330,15 +364,24 @@ class Calls:
         done: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
         self._running[run_id] = done
         try:
-            outcome: RunResult = await self.runner.run(
-                tool,
-                value,
-                checked=checked,
-                secrets=self.secrets_of(install.id),
-                version_id=version_id,
-                egress=install.egress,
-                logs=False,
+            outcome: RunResult = await self._unless_stopped(
+                self.runner.run(
+                    tool,
+                    value,
+                    checked=checked,
+                    secrets=self.secrets_of(install.id),
+                    version_id=version_id,
+                    egress=install.egress,
+                    logs=False,
+                )
             )
+        except Interrupted:
+            result = CallResult(
+                run_id, "failed", None, "interrupted: runnerd stopped before the run ended", 0
+            )
+            done.set_result(result)
+            self._running.pop(run_id, None)
+            return result
         except BaseException as exc:
             self.store.finish_run(
                 run_id,
@@ -360,6 +403,7 @@ class Calls:
             key_id=key_id,
             egress=outcome.egress,
         )
+        _count_run(install, tool.name, surface, outcome.status, outcome.duration_ms, outcome.egress)
         result = CallResult(
             run_id, outcome.status, outcome.output, outcome.error, outcome.duration_ms
         )
@@ -391,6 +435,32 @@ class Calls:
                 return None
         assert run_id is not None
         return await self.outcome(run_id)
+
+    @property
+    def running(self) -> list[str]:
+        """The runs in their jails now."""
+        return list(self._running)
+
+    def interrupt(self, run_ids: list[str]) -> list[str]:
+        """End runs that cannot finish (the daemon is stopping): failed, interrupted,
+        with their rows, as a restart would end them; their callers are answered so."""
+        ended = self.store.interrupt_runs(run_ids)
+        self._stopped.set()
+        return ended
+
+    async def _unless_stopped(self, work: Awaitable[RunResult]) -> RunResult:
+        """``work``, unless the daemon ends the runs still going first (Interrupted;
+        the jail is then stopped by the sandbox)."""
+        task = asyncio.ensure_future(work)
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        try:
+            await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise Interrupted
 
     async def outcome(self, run_id: str) -> CallResult:
         """A run's result: awaited while it runs, from memory or its record after. A run
@@ -502,6 +572,7 @@ class Calls:
                     approval.version_id,
                     held.who.key_id,
                     held.checked,
+                    approval.surface,
                 )
 
     def expire(self) -> list[str]:

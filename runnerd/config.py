@@ -85,6 +85,9 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     check_budget_ms: int = 2_000
     # The Manage page: how long a browser session lasts (sign-in links last 10 minutes).
     session_hours: int = 12
+    # On SIGTERM: how long runs already in their jails may go on before they are ended as
+    # failed (interrupted); new calls are refused with 503 meanwhile.
+    stop_grace_s: int = 30
     # Egress (tools that call other systems, through the daemon's proxy): internal ranges
     # (CIDR) a granted destination may resolve to, which are otherwise refused as
     # private; per run, the connections it may open, the megabytes it may move (both

@@ -24,6 +24,7 @@ from runnerd import __version__
 from runnerd.api.errors import ApiError, code_for_status, error_response, from_domain
 from runnerd.api.limits import RateLimiter
 from runnerd.api.mcp import McpGateway
+from runnerd.api.monitoring import metrics, watch
 from runnerd.api.ops import Op
 from runnerd.api.routes import OPS
 from runnerd.api.state import AppState
@@ -140,6 +141,7 @@ def create_app(settings: Settings) -> Starlette:
             mcp=gateway,
         )
         gateway.state = app.state.runnerd
+        watch(app.state.runnerd)
         expiry = asyncio.ensure_future(_expire_approvals(calls))
         languages = [
             lang
@@ -169,6 +171,7 @@ def create_app(settings: Settings) -> Starlette:
     routes: list[BaseRoute] = [Route(op.path, _endpoint(op), methods=[op.method]) for op in OPS]
     routes += web_routes()
     routes.append(Route("/mcp", gateway, methods=["GET", "POST", "DELETE"]))
+    routes.append(Route("/metrics", metrics, methods=["GET"]))
     return Starlette(
         routes=routes,
         lifespan=lifespan,

@@ -14,6 +14,7 @@ import msgspec
 from starlette.responses import Response
 
 from runnerd.errors import RunnerdError
+from runnerd.metrics import METRICS
 
 __all__ = ["ApiError", "code_for_status", "error_response", "from_domain"]
 
@@ -68,7 +69,8 @@ class ApiError(Exception):
 
 
 def error_response(error: ApiError) -> Response:
-    """The one function that builds an error body."""
+    """The one function that builds an error body (and counts the refusal)."""
+    METRICS.refusals.labels(str((error.details or {}).get("code", error.code))).inc()
     body: dict[str, Any] = {"code": error.code, "message": error.message}
     if error.details is not None:
         body["details"] = error.details

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from runnerd.access import ROLES, SCOPES
@@ -22,9 +23,8 @@ __all__ = ["register_admin"]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from runnerd.api.app import create_app
+    from runnerd.api.server import serve
 
     settings = settings_from_args(args, host=args.host, port=args.port)
     logging.basicConfig(
@@ -33,13 +33,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Checks run in threads (runnerd.checks.checker); the event loop takes the GIL back from a
     # busy one within 1 ms instead of the default 5, so requests keep their latency.
     sys.setswitchinterval(0.001)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=30,
-    )
+    serve(create_app(settings), settings)
     return 0
 
 
@@ -222,6 +216,45 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     return 0 if broken is None else 1
 
 
+def cmd_backup(args: argparse.Namespace) -> int:
+    from runnerd.store.backup import BackupError, backup
+
+    settings = settings_from_args(args)
+    target = Path(args.to).resolve()
+    try:
+        size = backup(settings.data_dir, target)
+    except BackupError as exc:
+        print(f"runnerd: {exc}", file=sys.stderr)
+        return 1
+    return output(
+        args,
+        {"backup": str(target), "bytes": size},
+        lambda: print(
+            f"backed up {settings.data_dir} to {target} ({size:,} bytes); keep "
+            f"{settings.secrets_key_path.name} apart from it, and safe: secrets need it"
+        ),
+    )
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from runnerd.store.backup import BackupError, restore
+
+    settings = settings_from_args(args)
+    try:
+        kept = restore(Path(args.source).resolve(), settings.data_dir)
+    except BackupError as exc:
+        print(f"runnerd: {exc}", file=sys.stderr)
+        return 1
+    return output(
+        args,
+        {"restored": str(settings.data_dir), "previous": str(kept) if kept else None},
+        lambda: print(
+            f"restored {args.source} into {settings.data_dir}"
+            + (f"; the database it replaced is {kept}" if kept else "")
+        ),
+    )
+
+
 def cmd_rotate_key(args: argparse.Namespace) -> int:
     from runnerd.vault import Vault, new_key, write_key_file
 
@@ -325,6 +358,16 @@ def register_admin(
     p.add_argument("--email", required=True)
     p.add_argument("--url", help="the daemon's address as browsers reach it (default: host:port)")
     p.set_defaults(func=cmd_login_link)
+    p = admin.add_parser(
+        "backup", parents=[common], help="a consistent copy of the store (live or not)"
+    )
+    p.add_argument("--to", required=True, metavar="FILE")
+    p.set_defaults(func=cmd_backup)
+    p = admin.add_parser(
+        "restore", parents=[common], help="put a backup back (no daemon may be serving)"
+    )
+    p.add_argument("--from", dest="source", required=True, metavar="FILE")
+    p.set_defaults(func=cmd_restore)
     p = admin.add_parser("revoke-key", parents=[common], help="revoke an API key")
     p.add_argument("key_id")
     p.set_defaults(func=cmd_revoke_key)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from runnerd.errors import RunnerdError
+from runnerd.metrics import METRICS
 from runnerd.run.runtimes import world_readable
 from runnerd.store import utc_now
 
@@ -176,8 +177,10 @@ class EnvManager:
                 argv, capture_output=True, text=True, env={}, timeout=BUILD_TIMEOUT_S + 30
             )
             if proc.returncode != 0:
+                METRICS.env_builds.labels(_ecosystem(language), "failed").inc()
                 message = (proc.stderr or proc.stdout).strip()
                 raise EnvBuildFailed(message[-4000:] or f"installer exit code {proc.returncode}")
+            METRICS.env_builds.labels(_ecosystem(language), "built").inc()
             info = EnvInfo(
                 key=key,
                 ecosystem=_ecosystem(language),

@@ -38,6 +38,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from runnerd.constants import MAX_LOG_BYTES, MAX_OUTPUT_BYTES, MAX_TIMEOUT_MS
 from runnerd.errors import RunnerdError
+from runnerd.metrics import METRICS
 from runnerd.resources import resource_dir
 from runnerd.run.cgroups import Cgroups
 from runnerd.run.proxy import EgressPass, EgressProxy
@@ -262,6 +263,7 @@ class Sandbox:
         self._tasks: set[asyncio.Future[None]] = set()
         self._closed = False
         self._recent: OrderedDict[JailKind, None] = OrderedDict()
+        self._serving: set[_Jail] = set()  # jails running a call now
 
     def command(
         self, kind: JailKind, uid: int, result_fd: int, log_fd: int, wall_s: int
@@ -337,6 +339,7 @@ class Sandbox:
 
     async def _start(self, kind: JailKind, wall_s: int) -> _Jail:
         """Start a jail of ``kind``: it loads its interpreter and waits on stdin."""
+        began = time.monotonic()
         uid, uid_lock = self.uids.lease()
         result_r, result_w = os.pipe()
         log_r, log_w = os.pipe()
@@ -367,6 +370,7 @@ class Sandbox:
         await loop.connect_read_pipe(lambda: jail_log, os.fdopen(log_r, "rb", 0))
         assert proc.stdout is not None
         logs_task = asyncio.ensure_future(_drain(proc.stdout, logs))
+        METRICS.jail_start_seconds.labels(kind.language).observe(time.monotonic() - began)
         return _Jail(kind, proc, uid, uid_lock, result, jail_log, logs, logs_task)
 
     def _take(self, kind: JailKind) -> _Jail | None:
@@ -436,12 +440,21 @@ class Sandbox:
         for kind in kinds:
             self.refill(kind)
 
+    @property
+    def waiting(self) -> int:
+        """Jails started and waiting for a call."""
+        return sum(len(ready) for ready in self._ready.values())
+
     async def close(self) -> None:
-        """Stop every waiting jail and let the jails still ending finish (at shutdown)."""
+        """Stop every jail, waiting or serving, and let their ends finish (at shutdown:
+        the runs still going were ended as interrupted)."""
         self._closed = True
         for ready in self._ready.values():
             while ready:
                 await self._discard(ready.popleft())
+        for jail in list(self._serving):
+            if jail.alive:
+                await self._stop(jail.proc)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=MAX_TIMEOUT_S + 5)
         if self.proxy is not None:
@@ -464,6 +477,7 @@ class Sandbox:
         if jail is None:
             jail = await self._start(kind, math.ceil(job.timeout_ms / 1000))
         jail.logs.cap = self.limits.log_bytes + job.log_slack  # nothing is read before the request
+        self._serving.add(jail)
         if job.egress is not None and self.proxy is not None:
             self.proxy.bind(job.egress, jail.uid)  # only this jail may use the credential
         handed_over = False
@@ -505,7 +519,11 @@ class Sandbox:
             )
         finally:
             if not handed_over:
-                jail.uid_lock.close()
+                if jail.alive:  # cancelled mid-run (the daemon stops): stop it, then its uid
+                    self._spawn_task(self._finish(jail, time.monotonic()))
+                else:
+                    jail.uid_lock.close()
+                    self._serving.discard(jail)
             # Start the next waiting jail only now: its fork would delay this call's request.
             if refill:
                 self.refill(kind)
@@ -518,6 +536,7 @@ class Sandbox:
             await self._stop(jail.proc)
         finally:
             jail.uid_lock.close()
+            self._serving.discard(jail)
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
         """Stop a jail: SIGTERM lets nsjail kill the pid namespace and remove its

@@ -80,6 +80,11 @@ class ApprovalsStore(AuditStore):
         rows = list(self.db.query("SELECT * FROM approvals WHERE id = ?", [approval_id]))
         return ApprovalRow(**rows[0]) if rows else None
 
+    def pending_approvals(self) -> int:
+        """How many write calls wait for a decision now (all workspaces)."""
+        row = self.db.execute("SELECT count(*) FROM approvals WHERE status = 'pending'").fetchone()
+        return int(row[0])
+
     def list_approvals(self, workspace_id: str, status: str | None = None) -> list[ApprovalRow]:
         """Approvals of a workspace, newest first (expire_approvals first to see expiries)."""
         sql, args = "SELECT * FROM approvals WHERE workspace_id = ?", [workspace_id]

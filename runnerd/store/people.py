@@ -202,6 +202,12 @@ class PeopleStore(AuditStore):
             )
         )
 
+    def is_admin_anywhere(self, user_id: str) -> bool:
+        row = self.db.execute(
+            "SELECT 1 FROM memberships WHERE user_id = ? AND role = 'admin' LIMIT 1", [user_id]
+        ).fetchone()
+        return row is not None
+
     def get_key(self, key_id: str) -> KeyRecord | None:
         row = self.db.execute(
             """SELECT id, kind, user_id, workspace_id, scopes, name, prefix, created_at

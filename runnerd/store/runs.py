@@ -302,18 +302,27 @@ class RunsStore(AuditStore):
         )
 
     def recover_interrupted(self) -> list[str]:
-        """Close every run a stopped daemon left open: ``failed``, error ``interrupted``,
-        metered for the time known (from its start to now, at most its timeout), audited,
-        its reservation released. Returns their ids."""
+        """Close every run a stopped daemon left open (see interrupt_runs). Their ids."""
+        rows = self.db.execute("SELECT id FROM runs WHERE status = 'running'").fetchall()
+        return self.interrupt_runs([row[0] for row in rows])
+
+    def interrupt_runs(self, run_ids: list[str]) -> list[str]:
+        """End runs that cannot finish: ``failed``, error ``interrupted``, metered for the
+        time known (from their start to now, at most their timeout), audited, their
+        reservations released. Runs already ended are left as they are."""
         now = datetime.now(UTC)
         closed = []
         with self._write():
-            rows = self.db.execute(
-                "SELECT id, started_at, timeout_ms FROM runs WHERE status = 'running'"
-            ).fetchall()
-            for run_id, started_at, timeout_ms in rows:
-                started = datetime.fromisoformat(started_at.replace("Z", "+00:00"))
+            for run_id in run_ids:
+                row = self.db.execute(
+                    "SELECT started_at, timeout_ms FROM runs WHERE id = ? AND status = 'running'",
+                    [run_id],
+                ).fetchone()
+                if row is None:
+                    continue
+                started = datetime.fromisoformat(row[0].replace("Z", "+00:00"))
                 known = int((now - started).total_seconds() * 1000)
+                timeout_ms = row[1]
                 self._finish(
                     run_id, "failed", min(max(known, 0), timeout_ms or known), "interrupted", None
                 )

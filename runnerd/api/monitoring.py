@@ -1,0 +1,47 @@
+"""``GET /metrics``: Prometheus text format, for admins only.
+
+A scraper sends the key of a person who is an admin of at least one workspace, as
+``Authorization: Bearer …`` (Prometheus' ``authorization`` setting) or ``X-API-Key``.
+The numbers are the daemon's, not a workspace's: they carry app slugs and tool names,
+never inputs, outputs, secrets or people.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runnerd.api.errors import ApiError, error_response
+from runnerd.api.state import AppState
+from runnerd.metrics import METRICS
+
+__all__ = ["metrics", "watch"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def watch(state: AppState) -> None:
+    """The gauges read at each scrape."""
+    METRICS.read(METRICS.running, lambda: len(state.calls.running))
+    METRICS.read(METRICS.queued, lambda: state.calls.gate.waiting)
+    METRICS.read(METRICS.warm, lambda: state.engine.sandbox.waiting)
+    METRICS.read(METRICS.approvals, lambda: state.store.pending_approvals())
+
+
+async def metrics(request: Request) -> Response:
+    state: AppState = request.app.state.runnerd
+    bearer = request.headers.get("authorization", "")
+    plaintext = bearer[7:].strip() if bearer[:7].lower() == "bearer " else ""
+    plaintext = plaintext or request.headers.get("x-api-key", "").strip()
+    try:
+        key = state.store.find_key(plaintext) if plaintext else None
+        if key is None:
+            raise ApiError("UNAUTHORIZED", "Send an admin's API key as a Bearer token")
+        if key.user_id is None or not state.store.is_admin_anywhere(key.user_id):
+            raise ApiError.forbidden(
+                "INSUFFICIENT_WORKSPACE_ROLE", "metrics are for admins of a workspace"
+            )
+        state.limiter.take(key.id)
+    except ApiError as exc:
+        return error_response(exc)
+    return Response(METRICS.exposition(), media_type=CONTENT_TYPE)

@@ -1,0 +1,68 @@
+"""Serving the app with uvicorn, and stopping gracefully.
+
+On SIGTERM (or SIGINT) the daemon first stops admitting runs: every new call gets 503
+``RUNNERD_STOPPING`` with Retry-After, while runs already in their jails go on for up to
+``stop_grace_s``. Runs still going then are ended as ``failed``/``interrupted`` with their
+run, ledger and audit rows, as a restart would end them; then uvicorn stops (closing the
+port, ending open requests) and the lifespan closes the jails and the store. The exit
+status is 0. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from types import FrameType
+
+import uvicorn
+from starlette.applications import Starlette
+
+from runnerd.config import Settings
+
+__all__ = ["serve"]
+
+log = logging.getLogger("runnerd")
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: Starlette, grace_s: float) -> None:
+        super().__init__(config)
+        self.app = app
+        self.grace_s = grace_s
+        self.draining: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        state = getattr(self.app.state, "runnerd", None)
+        if self.draining is not None or state is None:
+            super().handle_exit(sig, frame)  # a second signal, or not serving yet: now
+            return
+        state.calls.gate.closing = True
+        self.draining = asyncio.get_event_loop().create_task(self._drain(sig, frame))
+
+    async def _drain(self, sig: int, frame: FrameType | None) -> None:
+        state = self.app.state.runnerd
+        running = state.calls.running
+        log.info(
+            "stopping: %d run(s) in their jails get %g s to finish", len(running), self.grace_s
+        )
+        deadline = time.monotonic() + self.grace_s
+        while state.calls.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = state.calls.interrupt(state.calls.running)
+        if left:
+            log.warning("stopping: ended %d run(s) as failed (interrupted)", len(left))
+        # Not handle_exit: uvicorn would raise the signal again once stopped, and a
+        # drained stop exits 0.
+        self.should_exit = True
+
+
+def serve(app: Starlette, settings: Settings) -> None:
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=2,  # runs had their grace already: end open requests
+    )
+    _Server(config, app, settings.stop_grace_s).run()

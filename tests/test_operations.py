@@ -1,0 +1,205 @@
+"""Operating a daemon: a graceful stop on SIGTERM, and backups of a live store restored
+into a new data dir that serves."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import RUNNERD, AppDir, run_cli, tool_doc
+from daemon import Daemon, free_port, running_daemon
+from runnerd.store import Store
+
+pytestmark = pytest.mark.jail
+
+SLEEPER = "import time\ndef run(i):\n    time.sleep(i['s'])\n    return {'slept': i['s']}\n"
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "deal-desk"
+OFFER = {
+    "discountPct": 12,
+    "marginPct": 30,
+    "termMonths": 24,
+    "dealSize": 120000,
+    "tier": "enterprise",
+}
+
+
+def _sleeper_app(root: Path) -> Path:
+    app = AppDir(root)
+    app.write("agentserve.app.yaml", "slug: sleeper\nname: Sleeper\ntools: ./tools/*\n")
+    app.tool("nap", yaml=tool_doc("nap", timeoutMs=120000), source=SLEEPER)
+    return root
+
+
+def test_sigterm_drains_finishes_what_it_can_ends_the_rest_and_exits_0(
+    toolchain_dir: Path, tmp_path: Path
+) -> None:
+    with running_daemon(toolchain_dir, stop_grace_s="4") as daemon:
+        install = daemon.ship(_sleeper_app(tmp_path / "sleeper"))["installId"]
+        answers: dict[str, Any] = {}
+
+        def call(name: str, seconds: float) -> None:
+            try:
+                answers[name] = daemon.run(install, "nap", {"s": seconds}).json()
+            except httpx.HTTPError as exc:
+                answers[name] = repr(exc)
+
+        threads = [threading.Thread(target=call, args=a) for a in (("short", 1.5), ("long", 60))]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.7)  # both are in their jails
+        daemon.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        refused = httpx.post(
+            f"{daemon.url}/api/v2/apps/installs/{install}/tools/nap/run",
+            headers={"X-API-Key": daemon.admin_key}, json={"input": {"s": 0}}, timeout=10,
+        )  # fmt: skip
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["details"]["code"] == "RUNNERD_STOPPING"
+        assert int(refused.headers["retry-after"]) >= 1
+        started = time.monotonic()
+        assert daemon.proc.wait(timeout=30) == 0
+        assert time.monotonic() - started < 15
+        for thread in threads:
+            thread.join(timeout=30)
+        assert answers["short"]["status"] == "succeeded", answers
+        # The caller of the run that could not finish is answered: a failed run.
+        assert answers["long"]["status"] == "failed", answers
+        assert "interrupted" in answers["long"]["error"]
+
+        store = Store.in_data_dir(daemon.data_dir)
+        try:
+            runs = {r.status: r for r in store.list_runs(install)}
+            assert set(runs) == {"succeeded", "failed"}
+            assert runs["failed"].error_kind == "interrupted"
+            assert 3000 <= (runs["failed"].duration_ms or 0) <= 8000  # the time it had
+            ledger = store.ledger(install_id=install)
+            assert len(ledger) == 2
+            assert store.verify_audit()[1] is None
+        finally:
+            store.close()
+        log = (daemon.data_dir / "serve.log").read_text()
+        assert "ended 1 run(s) as failed (interrupted)" in log
+
+
+def _serve(data_dir: Path, toolchain_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {**os.environ, "RUNNERD_DATA_DIR": str(data_dir),
+           "RUNNERD_TOOLCHAIN_DIR": str(toolchain_dir),
+           "RUNNERD_SANDBOX_UID_BASE": "640000", "RUNNERD_SANDBOX_UID_COUNT": "64"}  # fmt: skip
+    proc = subprocess.Popen([RUNNERD, "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the restored daemon did not start")
+
+
+def test_backup_under_load_restores_into_a_new_data_dir_that_serves(
+    daemon: Daemon, toolchain_dir: Path, tmp_path: Path
+) -> None:
+    install = daemon.ship(EXAMPLE)["installId"]
+    secret = daemon.call("PUT", f"/api/v2/apps/installs/{install}/secrets/CRM_TOKEN",
+                         daemon.admin_key, json={"value": "crm-secret-value-1"})  # fmt: skip
+    assert secret.status_code == 200
+    stop = threading.Event()
+    done: list[int] = []
+
+    def load() -> None:
+        while not stop.is_set():
+            done.append(daemon.run(install, "score_offer", OFFER).status_code)
+
+    workers = [threading.Thread(target=load) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    try:
+        time.sleep(0.5)
+        backup = tmp_path / "backups" / "runnerd.db"
+        made = run_cli("admin", "backup", "--to", str(backup), "--json", env=daemon.env)
+        assert made.returncode == 0, made.stderr
+        assert json.loads(made.stdout)["bytes"] == backup.stat().st_size
+        assert oct(backup.stat().st_mode & 0o777) == "0o600"
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+    assert done and set(done) == {200}
+
+    restored = tmp_path / "restored"
+    restored.mkdir(mode=0o711)
+    env = {**daemon.env, "RUNNERD_DATA_DIR": str(restored)}
+    put_back = run_cli("admin", "restore", "--from", str(backup), env=env)
+    assert put_back.returncode == 0, put_back.stderr
+    # The secrets key travels apart from the database: put it back too.
+    (restored / "secrets.key").write_bytes((daemon.data_dir / "secrets.key").read_bytes())
+    (restored / "secrets.key").chmod(0o600)
+    verified = run_cli("audit", "verify", env=env)
+    assert verified.returncode == 0 and "intact" in verified.stdout, verified.stdout
+
+    proc, url = _serve(restored, toolchain_dir)
+    try:
+        headers = {"X-API-Key": daemon.admin_key}  # keys are in the store: the same key works
+        runs = httpx.get(f"{url}/api/v2/apps/installs/{install}/runs", headers=headers,
+                         params={"limit": 500}).json()["data"]  # fmt: skip
+        assert runs and all(r["status"] != "running" for r in runs)
+        ran = httpx.post(f"{url}/api/v2/apps/installs/{install}/tools/score_offer/run",
+                         headers=headers, json={"input": OFFER}, timeout=60)  # fmt: skip
+        assert ran.json()["output"]["decision"] == "approve"
+        names = httpx.get(f"{url}/api/v2/apps/installs/{install}/secrets", headers=headers).json()
+        assert [s["name"] for s in names["data"]] == ["CRM_TOKEN"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+    # Restoring over a live daemon's data dir is refused; a bad file is refused.
+    refused = run_cli("admin", "restore", "--from", str(backup), env=daemon.env)
+    assert refused.returncode == 1 and "a daemon is serving" in refused.stderr
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database at all" * 100)
+    bad = run_cli("admin", "restore", "--from", str(junk), env=env)
+    assert bad.returncode == 1 and "junk.db" in bad.stderr
+
+
+def test_metrics_for_admins_count_runs_refusals_and_jails(daemon: Daemon) -> None:
+    install = daemon.ship(EXAMPLE)["installId"]
+    secret_input = {**OFFER, "dealSize": 987654321}
+    assert daemon.run(install, "score_offer", secret_input).status_code == 200
+    bad = daemon.run(install, "score_offer", {**OFFER, "discountPct": 150})
+    assert bad.status_code == 400
+    scraped = httpx.get(
+        f"{daemon.url}/metrics", headers={"Authorization": f"Bearer {daemon.admin_key}"}
+    )
+    assert scraped.status_code == 200
+    assert scraped.headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = scraped.text
+    assert (
+        'runnerd_runs_total{app="deal-desk",status="succeeded",surface="api",tool="score_offer"}'
+        in text
+    )
+    assert 'runnerd_run_duration_seconds_bucket{app="deal-desk"' in text
+    assert "runnerd_sandbox_start_seconds_count" in text
+    assert 'runnerd_refusals_total{reason="INVALID_INPUT"}' in text
+    for gauge in ("runnerd_runs_running", "runnerd_runs_queued", "runnerd_warm_jails",
+                  "runnerd_approvals_pending"):  # fmt: skip
+        assert f"\n{gauge} " in text, gauge
+    warm = float(text.split("\nrunnerd_warm_jails ")[1].split("\n")[0])
+    assert warm >= 1
+    assert "987654321" not in text and "ada@example.com" not in text
+    member = daemon.person("metrics-member@example.com", role="member")
+    assert httpx.get(f"{daemon.url}/metrics", headers={"X-API-Key": member}).status_code == 403
+    assert httpx.get(f"{daemon.url}/metrics").status_code == 401
