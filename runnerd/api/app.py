@@ -119,6 +119,13 @@ def create_app(settings: Settings) -> Starlette:
             log.warning("%s", warning)
         lock = _hold_data_dir(settings.data_dir)
         store = Store.in_data_dir(settings.data_dir)
+        if not store.db.execute("SELECT 1 FROM workspaces LIMIT 1").fetchone():
+            log.warning(
+                "no workspace yet in %s: create the first one and its admin with "
+                "`runnerd admin bootstrap --data-dir %s --workspace NAME --email YOU`",
+                settings.data_dir,
+                settings.data_dir,
+            )
         interrupted = store.recover_interrupted()
         if interrupted:
             log.warning(
@@ -153,6 +160,7 @@ def create_app(settings: Settings) -> Starlette:
             if runtime is not None
         ]
         await engine.sandbox.warm_up([JailKind(lang, None) for lang in languages])
+        await engine.sandbox.wait_warm(10)  # ready means warm: the first calls are fast
         log.info("runnerd %s serving data dir %s", __version__, settings.data_dir)
         # Everything loaded so far lives as long as the daemon: out of the collector's
         # sight, a full collection stays short (tens of ms less) whatever runs later.

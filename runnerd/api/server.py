@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from types import FrameType
 
@@ -20,9 +22,25 @@ from starlette.applications import Starlette
 
 from runnerd.config import Settings
 
-__all__ = ["serve"]
+__all__ = ["sd_notify", "serve"]
 
 log = logging.getLogger("runnerd")
+
+
+def sd_notify(message: str) -> bool:
+    """Tell systemd (Type=notify) how the service is: READY=1, STOPPING=1, STATUS=...
+    Nothing happens outside systemd (no NOTIFY_SOCKET)."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return False
+    if address.startswith("@"):  # an abstract socket
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.sendto(message.encode(), address)
+        except OSError:
+            return False
+    return True
 
 
 class _Server(uvicorn.Server):
@@ -32,12 +50,18 @@ class _Server(uvicorn.Server):
         self.grace_s = grace_s
         self.draining: asyncio.Task[None] | None = None
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.should_exit:  # the lifespan ran: the store is open, warm jails are up
+            sd_notify(f"READY=1\nSTATUS=serving on {self.config.host}:{self.config.port}")
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         state = getattr(self.app.state, "runnerd", None)
         if self.draining is not None or state is None:
             super().handle_exit(sig, frame)  # a second signal, or not serving yet: now
             return
         state.calls.gate.closing = True
+        sd_notify("STOPPING=1\nSTATUS=draining runs")
         self.draining = asyncio.get_event_loop().create_task(self._drain(sig, frame))
 
     async def _drain(self, sig: int, frame: FrameType | None) -> None:

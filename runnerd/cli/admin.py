@@ -37,6 +37,60 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_service_install(args: argparse.Namespace) -> int:
+    """Write the systemd unit (ExecStart: this runnerd) and /etc/runnerd/runnerd.toml;
+    bootstrap the first workspace into /var/lib/runnerd when asked."""
+    import shutil
+
+    from runnerd.resources import resource_dir
+
+    root = Path(args.root or "/")
+    runnerd = shutil.which("runnerd") or str(Path(sys.argv[0]).resolve())
+    unit = (resource_dir("packaging") / "runnerd.service").read_text()
+    unit = unit.replace("ExecStart=/opt/runnerd/bin/runnerd ", f"ExecStart={runnerd} ")
+    unit_path = root / "etc/systemd/system/runnerd.service"
+    unit_path.parent.mkdir(parents=True, exist_ok=True)
+    unit_path.write_text(unit)
+    unit_path.chmod(0o644)
+    config = root / "etc/runnerd/runnerd.toml"
+    wrote_config = not config.exists()
+    if wrote_config:
+        config.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        config.write_text((resource_dir("packaging") / "runnerd.toml").read_text())
+        config.chmod(0o644)
+    result: dict[str, Any] = {"unit": str(unit_path), "config": str(config), "execStart": runnerd}
+    if args.bootstrap_email:
+        data_dir = root / "var/lib/runnerd"
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        store = Store.in_data_dir(data_dir)
+        if store.db.execute("SELECT count(*) FROM workspaces").fetchone()[0]:
+            print(
+                f"runnerd: {data_dir} has a workspace already; not bootstrapping", file=sys.stderr
+            )
+        else:
+            workspace = store.create_workspace(args.workspace)
+            user = store.ensure_user(args.bootstrap_email)
+            store.set_membership(workspace.id, user.id, role="admin", apps_access=True)
+            _, key = store.create_key(kind="personal", user_id=user.id, name="bootstrap",
+                                      audit_workspace_id=workspace.id)  # fmt: skip
+            result.update(workspaceId=workspace.id, userId=user.id, apiKey=key)
+        store.close()
+    return output(
+        args,
+        result,
+        lambda: print(
+            f"wrote {unit_path} (ExecStart {runnerd})"
+            + (f" and {config}" if wrote_config else f"; kept {config}")
+            + (
+                f"\nworkspace {result['workspaceId']}, admin key {result['apiKey']} (shown once)"
+                if "apiKey" in result
+                else ""
+            )
+            + "\nnext: systemctl daemon-reload && systemctl enable --now runnerd"
+        ),
+    )
+
+
 def cmd_openapi(args: argparse.Namespace) -> int:
     from runnerd.api.routes import api_document
 
@@ -295,6 +349,15 @@ def register_admin(
     groups: Any, common: argparse.ArgumentParser, group_parser: Callable[..., Any]
 ) -> None:
     """Add serve, openapi, admin, ledger and audit to the CLI's parser."""
+    service = groups.add_parser("service", help="install runnerd as a systemd service")
+    service_commands = service.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = service_commands.add_parser(
+        "install", parents=[common], help="write the unit and /etc/runnerd/runnerd.toml"
+    )
+    p.add_argument("--root", help="install under this folder instead of / (packaging, tests)")
+    p.add_argument("--bootstrap-email", help="also create the first workspace and its admin")
+    p.add_argument("--workspace", default="Default", help="the first workspace's name")
+    p.set_defaults(func=cmd_service_install)
     serve = groups.add_parser("serve", parents=[common], help="run the daemon")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8686)")

@@ -440,6 +440,12 @@ class Sandbox:
         for kind in kinds:
             self.refill(kind)
 
+    async def wait_warm(self, timeout_s: float) -> None:
+        """Until the waiting jails asked for are started (at daemon start), or timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self._filling and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
     @property
     def waiting(self) -> int:
         """Jails started and waiting for a call."""
