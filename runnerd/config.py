@@ -68,6 +68,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     rate_limit_per_second: float = 20.0
     rate_limit_burst: int = 40
     log_level: str = "info"
+    # "text", or "json": one JSON object a line, with the request id (X-Request-Id).
+    log_format: str = "text"
     # Secrets at rest: the AES key as base64 (secrets_key), else a 0600 key file
     # (default <data_dir>/secrets.key, created on first use). Keep it apart from backups
     # of the database.
@@ -165,6 +167,8 @@ def load_settings(
         settings = msgspec.convert(merged, Settings, strict=False, dec_hook=_decode_path)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid setting: {exc}") from None
+    if settings.log_format not in ("text", "json"):
+        raise ConfigError(f"invalid setting log_format: {settings.log_format!r} (text or json)")
     from runnerd.run.proxy import parse_networks
 
     try:

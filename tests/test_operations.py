@@ -258,3 +258,23 @@ def test_sd_notify_says_ready_and_stopping(toolchain_dir: Path, tmp_path: Path) 
     finally:
         os.environ.pop("NOTIFY_SOCKET", None)
         listener.close()
+
+
+def test_json_logs_carry_the_request_id_of_the_answer(toolchain_dir: Path) -> None:
+    with running_daemon(toolchain_dir, log_format="json") as daemon:
+        given = httpx.get(f"{daemon.url}/healthz", headers={"X-Request-Id": "probe-12345678"})
+        assert given.headers["x-request-id"] == "probe-12345678"
+        made = daemon.call("GET", "/api/v2/apps", daemon.admin_key,
+                           params={"workspaceId": daemon.workspace_id})  # fmt: skip
+        request_id = made.headers["x-request-id"]
+        assert request_id.startswith("req_")
+        hostile = httpx.get(f"{daemon.url}/healthz", headers={"X-Request-Id": "bad id {} <x>"})
+        assert hostile.headers["x-request-id"].startswith("req_")  # not echoed
+        time.sleep(0.2)
+        lines = (daemon.data_dir / "serve.log").read_text().splitlines()
+    entries = [json.loads(line) for line in lines if line.startswith("{")]
+    assert entries and len(entries) == len([x for x in lines if x.strip()]), lines[:5]
+    assert {"ts", "level", "logger", "msg"} <= set(entries[0])
+    mine = [e for e in entries if e.get("requestId") == request_id]
+    assert mine and "/api/v2/apps" in mine[0]["msg"]
+    assert any(e.get("requestId") == "probe-12345678" for e in entries)

@@ -30,6 +30,7 @@ from runnerd.api.routes import OPS
 from runnerd.api.state import AppState
 from runnerd.calls import Calls
 from runnerd.config import Settings
+from runnerd.logs import RequestIds
 from runnerd.run.engine import build_engine
 from runnerd.run.jail import JailKind
 from runnerd.store import Store
@@ -183,6 +184,6 @@ def create_app(settings: Settings) -> Starlette:
     return Starlette(
         routes=routes,
         lifespan=lifespan,
-        middleware=[Middleware(SecurityHeaders)],
+        middleware=[Middleware(RequestIds), Middleware(SecurityHeaders)],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error},
     )

@@ -87,6 +87,7 @@ def serve(app: Starlette, settings: Settings) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,  # runnerd.logs configured every logger, uvicorn's too
         timeout_graceful_shutdown=2,  # runs had their grace already: end open requests
     )
     _Server(config, app, settings.stop_grace_s).run()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -25,11 +24,10 @@ __all__ = ["register_admin"]
 def cmd_serve(args: argparse.Namespace) -> int:
     from runnerd.api.app import create_app
     from runnerd.api.server import serve
+    from runnerd.logs import configure as configure_logs
 
     settings = settings_from_args(args, host=args.host, port=args.port)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logs(settings.log_level, settings.log_format)
     # Checks run in threads (runnerd.checks.checker); the event loop takes the GIL back from a
     # busy one within 1 ms instead of the default 5, so requests keep their latency.
     sys.setswitchinterval(0.001)
