@@ -278,3 +278,27 @@ def test_json_logs_carry_the_request_id_of_the_answer(toolchain_dir: Path) -> No
     mine = [e for e in entries if e.get("requestId") == request_id]
     assert mine and "/api/v2/apps" in mine[0]["msg"]
     assert any(e.get("requestId") == "probe-12345678" for e in entries)
+
+
+def test_doctor_names_the_fix_for_a_missing_toolchain(tmp_path: Path) -> None:
+    env = {**os.environ, "RUNNERD_TOOLCHAIN_DIR": str(tmp_path / "none"),
+           "RUNNERD_DATA_DIR": str(tmp_path / "data")}  # fmt: skip
+    done = run_cli("doctor", "--json", env=env)
+    checks = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["toolchain"]["ok"] is False
+    assert checks["toolchain"]["fix"].startswith("runnerd toolchain install")
+    assert checks["npm"]["ok"] is True and checks["python run"]["ok"] is True
+    assert "fix" not in checks["npm"]
+
+
+@pytest.mark.network
+def test_app_validate_says_when_it_installs_the_toolchain(tmp_path: Path) -> None:
+    folder = tmp_path / "toolchain"
+    done = run_cli("app", "validate", str(EXAMPLE),
+                   env={**os.environ, "RUNNERD_TOOLCHAIN_DIR": str(folder)})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"installing the JS/TS toolchain (esbuild and two lexers, from npm) into {folder}"
+        in done.stderr
+    )
+    assert (folder / "runnerd-toolchain.json").is_file()

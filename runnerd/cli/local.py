@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ import msgspec
 from runnerd import egress
 from runnerd.cli.output import egress_lines, printable, read_input
 from runnerd.config import Settings, load_settings
-from runnerd.constants import MANIFEST_NAME, TOOL_SUFFIX
+from runnerd.constants import MANIFEST_NAME, MIN_NODE_MAJOR, TOOL_SUFFIX
 from runnerd.errors import BundleRejected, Problem
 from runnerd.run.engine import Engine, build_engine
 from runnerd.run.envs import EnvBuildFailed
@@ -42,7 +43,15 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _toolchain(settings: Settings) -> Toolchain:
-    return Toolchain(settings.toolchain_path, find_node(settings.node))
+    return Toolchain(settings.toolchain_path, find_node(settings.node), on_install=_installing)
+
+
+def _installing(where: Path) -> None:
+    print(
+        f"runnerd: installing the JS/TS toolchain (esbuild and two lexers, from npm) into "
+        f"{where}, once; RUNNERD_TOOLCHAIN_DIR chooses another folder",
+        file=sys.stderr,
+    )
 
 
 def _print_json(value: Any) -> None:
@@ -313,8 +322,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     settings = _settings(args)
     checks: list[dict[str, Any]] = []
 
-    def check(name: str, ok: bool, detail: str, required: bool = True) -> None:
-        checks.append({"check": name, "ok": ok, "detail": detail, "required": required})
+    def check(
+        name: str, ok: bool, detail: str, required: bool = True, fix: str | None = None
+    ) -> None:
+        found = {"check": name, "ok": ok, "detail": detail, "required": required}
+        if not ok and fix:
+            found["fix"] = fix
+        checks.append(found)
 
     check(
         "root",
@@ -348,12 +362,28 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             rt.node is not None,
             f"{rt.node.path} {rt.node.version}" if rt.node else "not found",
             required=False,
+            fix=f"JS/TS tools need Node.js >= {MIN_NODE_MAJOR} on PATH, or `node` set in the "
+            "config (RUNNERD_NODE) to one every user may run; Debian 12's own nodejs is 18",
+        )
+        npm = shutil.which("npm") or (
+            str(Path(rt.node.path).with_name("npm")) if rt.node is not None else None
+        )
+        check(
+            "npm",
+            bool(npm and Path(npm).exists()),
+            npm or "not found",
+            required=False,
+            fix="npm installs the JS/TS toolchain once and the npm packages tools pin; "
+            "install it beside Node.js (apt-get install npm, or Node's own tarball)",
         )
         check(
             "toolchain",
             engine.toolchain.is_installed(),
-            str(engine.toolchain.directory),
+            str(engine.toolchain.directory)
+            if engine.toolchain.is_installed()
+            else f"not installed in {engine.toolchain.directory}",
             required=False,
+            fix="runnerd toolchain install (with RUNNERD_TOOLCHAIN_DIR set as the daemon has it)",
         )
         trials = [("python", ".py", "def run(i):\n    return {'ok': True}\n")]
         if rt.node is not None and engine.toolchain.is_installed():
@@ -369,6 +399,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         for c in checks:
             mark = "ok  " if c["ok"] else ("FAIL" if c["required"] else "warn")
             print(f"{mark} {c['check']:<16} {c['detail']}")
+            if c.get("fix"):
+                print(f"     {'':<16} fix: {c['fix']}")
     return 1 if failed else 0
 
 

@@ -5,6 +5,7 @@ Built once by the CLI (``tool test``) or the daemon's lifespan, then passed down
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from runnerd.run.runtimes import Runtimes, find_runtimes, world_readable
 from runnerd.upload.toolchain import Toolchain
 
 __all__ = ["Engine", "build_engine"]
+
+log = logging.getLogger("runnerd")
 
 
 @dataclass
@@ -79,7 +82,11 @@ def build_engine(settings: Settings, *, warm: int = 0) -> Engine:
     runner = Runner(
         sandbox=sandbox, envs=envs, checker=Checker(budget_s=settings.check_budget_ms / 1000)
     )
-    toolchain = Toolchain(settings.toolchain_path, runtimes.node)
+    toolchain = Toolchain(
+        settings.toolchain_path,
+        runtimes.node,
+        on_install=lambda where: log.info("installing the JS/TS toolchain into %s (once)", where),
+    )
     engine = Engine(settings, runtimes, cgroups, sandbox, envs, runner, toolchain)
     if note:
         engine.notes.append(note)

@@ -13,6 +13,7 @@ import json
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,16 @@ class ToolchainError(RunnerdError):
 class Toolchain:
     """esbuild and the lexers in ``directory``, run by ``node``."""
 
-    def __init__(self, directory: Path, node: NodeRuntime | None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        node: NodeRuntime | None,
+        on_install: Callable[[Path], None] | None = None,
+    ) -> None:
         self.directory = directory
         self.node = node
+        # Told before an install that a check starts on its own (it fetches from npm).
+        self.on_install = on_install
 
     def is_installed(self) -> bool:
         stamp = self.directory / _STAMP
@@ -108,6 +116,8 @@ class Toolchain:
                 f"JavaScript and TypeScript tools need Node.js >= {MIN_NODE_MAJOR}; none was found"
             )
         if not self.is_installed():
+            if self.on_install is not None:
+                self.on_install(self.directory)
             self.install()
         proc = subprocess.run(
             [self.node.path, str(_CHECK_SCRIPT), str(self.directory)],
