@@ -105,7 +105,25 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     @property
     def toolchain_path(self) -> Path:
-        return self.toolchain_dir or self.data_dir / "toolchain"
+        """``toolchain_dir``; else the toolchain bundled in a zipapp (scripts/build-zipapp);
+        else ``<data_dir>/toolchain``."""
+        return self.toolchain_dir or _bundled_toolchain() or self.data_dir / "toolchain"
+
+
+def _bundled_toolchain() -> Path | None:
+    """The toolchain a zipapp carries, if any (and if it is the pinned one)."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.find_spec("runnerd_toolchain")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    try:
+        stamp = json.loads((folder / "runnerd-toolchain.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return folder if stamp == C.TOOLCHAIN_PACKAGES else None
 
 
 _FIELDS = Settings.__struct_fields__

@@ -43,7 +43,13 @@ def cmd_service_install(args: argparse.Namespace) -> int:
     from runnerd.resources import resource_dir
 
     root = Path(args.root or "/")
-    runnerd = shutil.which("runnerd") or str(Path(sys.argv[0]).resolve())
+    entry = Path(sys.argv[0]).resolve()
+    if entry.suffix == ".pyz":  # the zipapp: run by this Python
+        runnerd = f"{sys.executable} {entry}"
+    elif entry.name == "runnerd" and os.access(entry, os.X_OK):
+        runnerd = str(entry)
+    else:
+        runnerd = shutil.which("runnerd") or str(entry)
     unit = (resource_dir("packaging") / "runnerd.service").read_text()
     unit = unit.replace("ExecStart=/opt/runnerd/bin/runnerd ", f"ExecStart={runnerd} ")
     unit_path = root / "etc/systemd/system/runnerd.service"
