@@ -171,10 +171,13 @@ class _Base:
             headers["Idempotency-Key"] = idempotency_key
         return path, {"input": value, "surface": "app"}, headers
 
-    def _wait(self, response: httpx.Response, attempt: int) -> float | None:
-        """Seconds to wait before retrying ``response``, or None to give up."""
+    def _settle(self, response: httpx.Response, attempt: int) -> RunResult | float:
+        """The run's result; else the seconds to wait before retrying (429 or 503 within
+        the retries asked for); else AppBridgeError."""
+        if response.status_code in (200, 202):
+            return _result(response)
         if response.status_code not in RETRYABLE or attempt >= self.retries:
-            return None
+            raise _refusal(response)
         return min(_retry_after(response) or 2.0**attempt, MAX_RETRY_WAIT_S)
 
     def _tools(self, response: httpx.Response) -> list[ToolInfo]:
@@ -204,12 +207,10 @@ class AppClient(_Base):
                     )
                 except httpx.HTTPError as exc:
                     raise _unavailable(exc) from exc
-                if response.status_code in (200, 202):
-                    return _result(response)
-                wait = self._wait(response, attempt)
-                if wait is None:
-                    raise _refusal(response)
-                time.sleep(wait)
+                settled = self._settle(response, attempt)
+                if isinstance(settled, RunResult):
+                    return settled
+                time.sleep(settled)
                 attempt += 1
 
     def list_tools(self) -> list[ToolInfo]:
@@ -241,12 +242,10 @@ class AsyncAppClient(_Base):
                     )
                 except httpx.HTTPError as exc:
                     raise _unavailable(exc) from exc
-                if response.status_code in (200, 202):
-                    return _result(response)
-                wait = self._wait(response, attempt)
-                if wait is None:
-                    raise _refusal(response)
-                await asyncio.sleep(wait)
+                settled = self._settle(response, attempt)
+                if isinstance(settled, RunResult):
+                    return settled
+                await asyncio.sleep(settled)
                 attempt += 1
 
     async def list_tools(self) -> list[ToolInfo]:
