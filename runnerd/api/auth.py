@@ -29,7 +29,7 @@ from runnerd.web.cookies import CookieSigner
 if TYPE_CHECKING:
     from runnerd.api.state import AppState
 
-__all__ = ["Caller", "authenticate", "caller_of", "install_for", "session_key"]
+__all__ = ["Caller", "authenticate", "bearer_or_key", "caller_of", "install_for", "session_key"]
 
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -77,6 +77,15 @@ class Caller:
         ):
             raise ApiError.forbidden("INSUFFICIENT_WORKSPACE_ROLE")
         return found
+
+
+def bearer_or_key(request: Request) -> str:
+    """The key of a request that may carry it either way: ``Authorization: Bearer …``
+    (MCP clients, Prometheus) or ``X-API-Key``; empty when there is none."""
+    bearer = request.headers.get("authorization", "")
+    if bearer[:7].lower() == "bearer ":
+        return bearer[7:].strip()
+    return request.headers.get("x-api-key", "").strip()
 
 
 def caller_of(request: Request, state: AppState, scope: str) -> Caller:

@@ -38,7 +38,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from runnerd import __version__
-from runnerd.api.auth import Caller
+from runnerd.api.auth import Caller, bearer_or_key
 from runnerd.api.errors import ApiError, error_response, from_domain
 from runnerd.calls import CallResult, Pending, Who, request_hash
 from runnerd.errors import RunnerdError
@@ -58,13 +58,6 @@ INSTRUCTIONS = (
 
 def mcp_name(app_slug: str, tool: str) -> str:
     return f"{app_slug}{SEPARATOR}{tool}"
-
-
-def _key_of(request: Request) -> str:
-    bearer = request.headers.get("authorization", "")
-    if bearer[:7].lower() == "bearer ":
-        return bearer[7:].strip()
-    return request.headers.get("x-api-key", "").strip()
 
 
 class McpGateway:
@@ -110,7 +103,7 @@ class McpGateway:
         (one rate-limit token per HTTP request: the handlers do not spend another)."""
         state = self.state
         assert state is not None, "the daemon's lifespan sets the state"
-        plaintext = _key_of(request)
+        plaintext = bearer_or_key(request)
         if not plaintext:
             raise ApiError("UNAUTHORIZED", "Send a personal API key as a Bearer token")
         key = state.store.find_key(plaintext)

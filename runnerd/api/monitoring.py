@@ -11,6 +11,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from runnerd.api.auth import bearer_or_key
 from runnerd.api.errors import ApiError, error_response
 from runnerd.api.state import AppState
 from runnerd.metrics import METRICS
@@ -30,9 +31,7 @@ def watch(state: AppState) -> None:
 
 async def metrics(request: Request) -> Response:
     state: AppState = request.app.state.runnerd
-    bearer = request.headers.get("authorization", "")
-    plaintext = bearer[7:].strip() if bearer[:7].lower() == "bearer " else ""
-    plaintext = plaintext or request.headers.get("x-api-key", "").strip()
+    plaintext = bearer_or_key(request)
     try:
         key = state.store.find_key(plaintext) if plaintext else None
         if key is None:
