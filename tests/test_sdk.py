@@ -16,6 +16,7 @@ import pytest
 
 from conftest import AppDir, run_cli, tool_doc
 from daemon import Daemon
+from runnerd.run.runtimes import SYSTEM_CA, find_node, npm_cli
 from runnerd.sdk import AppBridgeError, AppClient, AsyncAppClient
 
 pytestmark = pytest.mark.jail
@@ -159,10 +160,10 @@ def test_an_unreachable_daemon_is_an_app_bridge_error() -> None:
 
 
 def test_the_js_sdk_suite(world: dict[str, Any]) -> None:
-    node = shutil.which("node")
-    assert node, "the JS SDK tests need Node.js"
+    node = find_node()  # the Node runnerd uses: the system's, or runnerd[node]'s
+    assert node, "the JS SDK tests need Node.js >= 20"
     done = subprocess.run(
-        [node, "--test", "--test-reporter=spec", str(JS_SDK / "test")],
+        [node.path, "--test", "--test-reporter=spec", str(JS_SDK / "test")],
         env={**os.environ, "RUNNERD_SDK_TEST": json.dumps(world)},
         capture_output=True,
         text=True,
@@ -209,15 +210,17 @@ def test_generated_types_check_the_example_app_at_compile_time(
         made = run_cli("tools", "types", "--lang", lang, "--app", "deal-desk", env=env)
         assert made.returncode == 0, made.stderr
         (app / target).write_text(made.stdout)
-    npm = shutil.which("npm")
-    assert npm, "the type check needs npm"
+    node = find_node()
+    npm = npm_cli(node) if node else None
+    assert node and npm, "the type check needs Node.js >= 20 and npm"
     installed = subprocess.run(
-        [npm, "install", "--no-save", "--ignore-scripts", "--no-audit", "--no-fund",
+        [node.path, str(npm), "install", "--no-save", "--ignore-scripts", "--no-audit", "--no-fund",
          "typescript@5.9"],
         cwd=app, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "NODE_EXTRA_CA_CERTS": SYSTEM_CA},
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr
-    tsc = [str(app / "node_modules" / ".bin" / "tsc"), "-p", str(app)]
+    tsc = [node.path, str(app / "node_modules" / "typescript" / "bin" / "tsc"), "-p", str(app)]
     checked = subprocess.run(tsc, capture_output=True, text=True, timeout=300)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     source = app / "quote.ts"

@@ -29,7 +29,7 @@ import msgspec
 
 from runnerd.errors import RunnerdError
 from runnerd.metrics import METRICS
-from runnerd.run.runtimes import npm_cli, world_readable
+from runnerd.run.runtimes import SYSTEM_CA, npm_cli, world_readable
 from runnerd.store import utc_now
 
 if TYPE_CHECKING:
@@ -51,7 +51,6 @@ _NET_FILES = (
     "/etc/ca-certificates",
     "/etc/pki",
 )
-_SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
 # Installer settings passed from the daemon's environment into build jails, and nothing else.
 PASSTHROUGH = (
     "HTTP_PROXY",
@@ -203,12 +202,12 @@ class EnvManager:
         rt = self.sandbox.runtimes
         mounts: list[str] = []
         # Installers trust the system's CA store (uv and npm both bundle their own roots).
-        ca = {"SSL_CERT_FILE": _SYSTEM_CA, "NODE_EXTRA_CA_CERTS": _SYSTEM_CA}
+        ca = {"SSL_CERT_FILE": SYSTEM_CA, "NODE_EXTRA_CA_CERTS": SYSTEM_CA}
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": "/tmp",
             "LANG": "C.UTF-8",
-            **(ca if os.path.isfile(_SYSTEM_CA) else {}),
+            **(ca if os.path.isfile(SYSTEM_CA) else {}),
             **self.passthrough,
         }
         if language == "python":

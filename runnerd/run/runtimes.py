@@ -23,6 +23,9 @@ from runnerd.constants import MIN_NODE_MAJOR
 __all__ = ["NodeRuntime", "PythonRuntime", "Runtimes", "clean_env", "find_node", "find_python"]
 
 CLEAN_PATH = "/usr/local/bin:/usr/bin:/bin"
+# The system's CA store, which npm and uv are told to trust (both bundle their own roots;
+# a machine that reaches the registries through a TLS-inspecting proxy adds its CA here).
+SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
 # System library folders, whole: what package builders mount (they run uv and npm, not
 # tools). A tool's jail mounts only the libraries its interpreter links (see below).
 _SYSTEM_LIBS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/etc/ld.so.cache")

@@ -19,13 +19,12 @@ from typing import Any
 
 from runnerd.constants import MIN_NODE_MAJOR, TOOLCHAIN_PACKAGES
 from runnerd.errors import RunnerdError
-from runnerd.run.runtimes import CLEAN_PATH, NodeRuntime, clean_env, npm_cli
+from runnerd.run.runtimes import CLEAN_PATH, SYSTEM_CA, NodeRuntime, clean_env, npm_cli
 
 __all__ = ["Toolchain", "ToolchainError"]
 
 _CHECK_SCRIPT = Path(__file__).resolve().parent / "js" / "check.mjs"
 _STAMP = "runnerd-toolchain.json"
-SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
 
 
 class ToolchainError(RunnerdError):
