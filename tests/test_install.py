@@ -102,7 +102,9 @@ def test_the_wheel_in_a_clean_venv_serves_the_example(toolchain_dir: Path, outsi
     dist = outside / "dist"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(dist), str(REPO)])
     [wheel] = dist.glob("runnerd-*.whl")
-    venv = outside / "venv"
+    closed = outside / "root"  # a venv where jail uids cannot reach, like one under /root
+    closed.mkdir(mode=0o700)
+    venv = closed / "venv"
     _run(["/usr/bin/python3", "-m", "venv", str(venv)])
     _run([str(venv / "bin/pip"), "install", "--quiet", str(wheel)])
     located = _run([str(venv / "bin/python"), "-c", "import runnerd; print(runnerd.__file__)"],
@@ -111,6 +113,11 @@ def test_the_wheel_in_a_clean_venv_serves_the_example(toolchain_dir: Path, outsi
     env = {"PATH": os.environ["PATH"], "HOME": str(outside),
            "RUNNERD_TOOLCHAIN_DIR": str(toolchain_dir)}  # fmt: skip
     _serves_the_example([str(venv / "bin/runnerd")], outside, env)
+    # The sandbox harnesses were copied where jails can mount them.
+    [harnesses] = (outside / "data" / "harness").iterdir()
+    assert sorted(path.name for path in harnesses.iterdir()) == [
+        "harness_js.mjs", "harness_py.py", "seccomp.kafel",
+    ]  # fmt: skip
 
 
 def test_the_zipapp_runs_from_any_folder_with_its_own_toolchain(outside: Path) -> None:
@@ -119,6 +126,8 @@ def test_the_zipapp_runs_from_any_folder_with_its_own_toolchain(outside: Path) -
     _run([str(REPO / "scripts" / "build-zipapp")], cwd=REPO)
     pyz = outside / "runnerd.pyz"
     shutil.copy(REPO / "dist" / "runnerd.pyz", pyz)
-    env = {"PATH": os.environ["PATH"], "HOME": str(outside)}
+    home = outside / "root"  # shiv unpacks into ~/.shiv, a folder jail uids cannot reach
+    home.mkdir(mode=0o700)
+    env = {"PATH": os.environ["PATH"], "HOME": str(home)}
     _serves_the_example(["/usr/bin/python3", str(pyz)], outside, env)
     assert not (outside / "data" / "toolchain").exists()  # the bundled one served

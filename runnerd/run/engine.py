@@ -13,7 +13,14 @@ from runnerd.checks.checker import Checker
 from runnerd.config import Settings
 from runnerd.run.cgroups import Cgroups, setup_cgroups
 from runnerd.run.envs import EnvManager
-from runnerd.run.jail import Limits, Sandbox, SandboxUnavailable, UidPool, find_nsjail
+from runnerd.run.jail import (
+    Limits,
+    Sandbox,
+    SandboxUnavailable,
+    UidPool,
+    find_nsjail,
+    reachable_harnesses,
+)
 from runnerd.run.proxy import EgressProxy, parse_networks, socket_path
 from runnerd.run.runner import Runner
 from runnerd.run.runtimes import Runtimes, find_runtimes, world_readable
@@ -77,6 +84,7 @@ def build_engine(settings: Settings, *, warm: int = 0) -> Engine:
         limits=limits,
         warm=warm,
         proxy=proxy,
+        harness_dir=reachable_harnesses(mounts / "harness"),
     )
     envs = EnvManager(mounts / "envs", sandbox=sandbox, settings=settings)
     runner = Runner(

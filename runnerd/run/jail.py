@@ -26,9 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import math
 import os
 import random
+import shutil
 import signal
 import time
 from collections import OrderedDict, deque
@@ -42,7 +44,7 @@ from runnerd.metrics import METRICS
 from runnerd.resources import resource_dir
 from runnerd.run.cgroups import Cgroups
 from runnerd.run.proxy import EgressPass, EgressProxy
-from runnerd.run.runtimes import Runtimes
+from runnerd.run.runtimes import Runtimes, world_readable
 
 if TYPE_CHECKING:
     from runnerd.config import Settings
@@ -56,6 +58,7 @@ __all__ = [
     "SandboxUnavailable",
     "UidPool",
     "find_nsjail",
+    "reachable_harnesses",
 ]
 
 INSIDE_ID = 1000  # the uid/gid a tool sees; mapped to the run's own outside id
@@ -233,6 +236,39 @@ class _Jail:
         return self.proc.returncode is None
 
 
+def reachable_harnesses(stage: Path) -> Path:
+    """The folder of the sandbox harnesses, where jails can mount them.
+
+    nsjail mounts a harness as the run's unprivileged uid, so every folder above it must
+    be open to other users. runnerd's own folder is used when it is; when runnerd lives
+    in a closed one (a clone or a venv under /root, a zipapp unpacked in ~/.shiv), the
+    harnesses are copied once into ``stage``, in a folder named by their content."""
+    shipped = resource_dir("sandbox")
+    files = sorted(path for path in shipped.iterdir() if path.is_file())
+    if all(world_readable(path) for path in files):
+        return shipped
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    copy = stage / digest.hexdigest()[:16]
+    if copy.is_dir():
+        return copy
+    stage.mkdir(parents=True, exist_ok=True)
+    stage.chmod(0o711)
+    staging = stage / f".{copy.name}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(mode=0o755)
+    for path in files:
+        shutil.copyfile(path, staging / path.name)
+        (staging / path.name).chmod(0o644)
+    staging.chmod(0o755)
+    try:
+        staging.rename(copy)
+    except OSError:  # another process copied them first
+        shutil.rmtree(staging, ignore_errors=True)
+    return copy
+
+
 class Sandbox:
     def __init__(
         self,
@@ -244,6 +280,7 @@ class Sandbox:
         limits: Limits,
         warm: int = 0,
         proxy: EgressProxy | None = None,
+        harness_dir: Path | None = None,
     ) -> None:
         self.nsjail = nsjail
         self.runtimes = runtimes
@@ -252,7 +289,7 @@ class Sandbox:
         self.limits = limits
         self.warm = warm  # jails kept waiting per kind; 0 = start each jail on demand
         self.proxy = proxy
-        self._dir = resource_dir("sandbox")
+        self._dir = harness_dir or resource_dir("sandbox")
         # /tmp is the one writable place: noexec (no dropped binary or .so runs from it),
         # nosuid, nodev. The nsjail command line cannot say those flags; a config can.
         # Named by what it holds, so daemons sharing the folder never disagree about it.
