@@ -331,5 +331,19 @@ def test_a_node_from_pypi_runs_typescript_when_the_system_has_none(
         assert checks["node"]["detail"].startswith(str(cache / "runtimes" / "node-")), checks
         assert checks["npm"]["ok"], checks
         assert checks["typescript run"]["ok"], checks["typescript run"]
+        # A pinned npm package: that Node runs npm in a build jail, whose own /tmp must
+        # not hide the copy (this cache dir is under /tmp too).
+        tools = tmp_path / "tools"
+        tools.mkdir()
+        (tools / "z.tool.yaml").write_text(tool_doc("z", packages=["zod@3.25.76"]))
+        (tools / "z.ts").write_text(
+            "import { z } from 'zod'\n"
+            "export function run(input: unknown) {\n"
+            "  return { ok: z.object({ n: z.number() }).safeParse(input).success }\n}\n"
+        )
+        ran = run_cli("tool", "test", str(tools / "z.tool.yaml"), "--input", '{"n": 1}',
+                      "--json", env=env)  # fmt: skip
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert json.loads(ran.stdout)["output"] == {"ok": True}
     finally:
         shutil.rmtree(cache, ignore_errors=True)

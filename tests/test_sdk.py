@@ -163,7 +163,12 @@ def test_the_js_sdk_suite(world: dict[str, Any]) -> None:
     node = find_node()  # the Node runnerd uses: the system's, or runnerd[node]'s
     assert node, "the JS SDK tests need Node.js >= 20"
     done = subprocess.run(
-        [node.path, "--test", "--test-reporter=spec", str(JS_SDK / "test")],
+        [
+            node.path,
+            "--test",
+            "--test-reporter=spec",
+            *sorted(str(path) for path in (JS_SDK / "test").glob("*.test.mjs")),
+        ],
         env={**os.environ, "RUNNERD_SDK_TEST": json.dumps(world)},
         capture_output=True,
         text=True,

@@ -264,6 +264,9 @@ class EnvManager:
             "--rlimit_as", "inf", "--rlimit_core", "0", "--rlimit_fsize", "inf",
             "--rlimit_nofile", "4096", "--rlimit_nproc", "soft",
             "--cwd", "/out",
+            # /tmp first: a mount listed before it under /tmp (a Node copied into a cache
+            # dir there) would be hidden by it.
+            "--mount", "none:/tmp:tmpfs:size=1073741824,mode=1777",
         ]  # fmt: skip
         if self.sandbox.cgroups.enabled:
             argv += [*self.sandbox.cgroups.nsjail_args,
@@ -275,8 +278,7 @@ class EnvManager:
             if os.path.exists(path) and not any(path == m for m in mounts):
                 argv += ["--bindmount_ro", path]
         argv += ["--bindmount", f"{staging}:/out", "--bindmount", f"{cache}:/cache",
-                 "--bindmount", "/dev/null", "--bindmount_ro", "/dev/urandom",
-                 "--mount", "none:/tmp:tmpfs:size=1073741824,mode=1777"]  # fmt: skip
+                 "--bindmount", "/dev/null", "--bindmount_ro", "/dev/urandom"]  # fmt: skip
         for name, value in env.items():
             argv += ["--env", f"{name}={value}"]
         return [*argv, "--", *inner]

