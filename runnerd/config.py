@@ -28,6 +28,10 @@ class ConfigError(RunnerdError):
 
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     data_dir: Path = Path(C.DEFAULT_DATA_DIR).expanduser()
+    # The store: unset, a SQLite file in the data dir (one node); "sqlite:///PATH"; or
+    # "postgresql://user:password@host:port/db", shared by any number of nodes
+    # (docs/SCALING.md; needs `pip install 'runnerd[postgres]'`).
+    database_url: str | None = None
     host: str = C.DEFAULT_HOST
     port: int = C.DEFAULT_PORT
     # Node.js that runs JS/TS tools and the upload checks: a path, or a name on PATH.
@@ -75,6 +79,9 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # of the database.
     secrets_key: str | None = None
     secrets_key_file: Path | None = None
+    # A node renews its lease on the database every node_lease_s / 3; when a node has not
+    # renewed it for node_lease_s (killed, cut off), another node closes its runs.
+    node_lease_s: float = 15.0
     # Write calls from chat and relays wait for approval this long before expiring.
     approval_ttl_s: int = 900
     # A repeated Idempotency-Key returns the first run's result within this time.
@@ -185,6 +192,15 @@ def load_settings(
         settings = msgspec.convert(merged, Settings, strict=False, dec_hook=_decode_path)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid setting: {exc}") from None
+    if settings.database_url is not None and not settings.database_url.startswith(
+        ("sqlite:///", "postgresql://", "postgres://")
+    ):
+        from runnerd.store.db import redact_url
+
+        raise ConfigError(
+            f"invalid setting database_url: {redact_url(settings.database_url)!r} "
+            "(sqlite:///PATH or postgresql://user:password@host:port/db)"
+        )
     if settings.log_format not in ("text", "json"):
         raise ConfigError(f"invalid setting log_format: {settings.log_format!r} (text or json)")
     from runnerd.run.proxy import parse_networks

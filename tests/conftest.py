@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from pg_cluster import PgCluster
 
 from runnerd.config import load_settings
 from runnerd.run.engine import Engine, build_engine
@@ -129,9 +130,22 @@ def caller(egress_daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> s
     return str(install["installId"])
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    db = Store.in_data_dir(tmp_path / "data")
+@pytest.fixture(scope="session")
+def pg() -> Iterator[PgCluster]:
+    """A throwaway PostgreSQL cluster for the session (tests/pg_cluster.py)."""
+    cluster = PgCluster()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """The store on each backend: a SQLite file in a data dir, and a fresh PostgreSQL
+    database."""
+    if request.param == "sqlite":
+        db = Store.in_data_dir(tmp_path / "data")
+    else:
+        db = Store(request.getfixturevalue("pg").new_database())
     yield db
     db.close()
 

@@ -85,7 +85,8 @@ class Daemon:
         }
 
     def store(self) -> Store:
-        return Store.in_data_dir(self.data_dir)
+        url = self.env.get("RUNNERD_DATABASE_URL")
+        return Store(url) if url else Store.in_data_dir(self.data_dir)
 
     def person(
         self,
@@ -167,10 +168,15 @@ class Daemon:
 
 @contextmanager
 def running_daemon(
-    toolchain_dir: Path, wrap: Callable[[list[str]], list[str]] | None = None, **settings: str
+    toolchain_dir: Path,
+    wrap: Callable[[list[str]], list[str]] | None = None,
+    join: Daemon | None = None,
+    **settings: str,
 ) -> Iterator[Daemon]:
     """``runnerd serve`` with these settings (``wrap``: the command line in a wrapper,
-    such as the egress lab's hosts file)."""
+    such as the egress lab's hosts file). ``join``: another node on the same database
+    (the same database_url and secrets key), its workspace and admin key; nothing is
+    bootstrapped."""
     data = Path(tempfile.mkdtemp(prefix="runnerd-daemon-", dir="/tmp"))
     data.chmod(0o711)
     port = free_port()
@@ -182,25 +188,21 @@ def running_daemon(
         "RUNNERD_SANDBOX_UID_COUNT": "64",
         **{f"RUNNERD_{k.upper()}": v for k, v in settings.items()},
     }
-    boot = json.loads(
-        subprocess.run(
-            [
-                RUNNERD,
-                "admin",
-                "bootstrap",
-                "--data-dir",
-                str(data),
-                "--workspace",
-                "Acme",
-                "--email",
-                "ada@example.com",
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=True,
-        ).stdout
-    )
+    if join is not None:
+        env.update({k: v for k, v in join.env.items()
+                    if k in ("RUNNERD_DATABASE_URL", "RUNNERD_SECRETS_KEY")})  # fmt: skip
+        boot = {"workspaceId": join.workspace_id, "apiKey": join.admin_key}
+    else:
+        if "RUNNERD_DATABASE_URL" in env:  # a new PostgreSQL database: its schema first
+            subprocess.run([RUNNERD, "admin", "migrate"], env=env, check=True,
+                           capture_output=True)  # fmt: skip
+        boot = json.loads(
+            subprocess.run(
+                [RUNNERD, "admin", "bootstrap", "--data-dir", str(data),
+                 "--workspace", "Acme", "--email", "ada@example.com"],
+                capture_output=True, text=True, env=env, check=True,
+            ).stdout
+        )  # fmt: skip
     log = open(data / "serve.log", "wb")  # noqa: SIM115 - closed below
     argv = [RUNNERD, "serve", "--port", str(port)]
     proc = subprocess.Popen(

@@ -1,4 +1,5 @@
-"""The SQLite store: migrations from empty, WAL, immutable versions, version strings."""
+"""The store on SQLite and on PostgreSQL: migrations from empty, WAL, immutable versions,
+version strings."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from conftest import AppDir
-from runnerd.errors import VersionExists
+from runnerd.errors import BudgetExhausted, VersionExists
 from runnerd.store import DB_FILENAME, MIGRATIONS, Store, new_id
+from runnerd.store.db import PostgresDatabase, SQLiteDatabase
 from runnerd.upload.bundle import read_app_dir
 from runnerd.upload.deploy import upload_version
 from runnerd.upload.toolchain import Toolchain
@@ -31,9 +34,12 @@ def test_migrations_build_the_schema_from_an_empty_database(tmp_path: Path) -> N
     again.close()
 
 
-def test_database_is_in_wal_mode_and_private(store: Store) -> None:
+def test_database_is_in_wal_mode_and_private(tmp_path: Path) -> None:
+    store = Store.in_data_dir(tmp_path)
+    assert isinstance(store.db, SQLiteDatabase)
     assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert store.path.stat().st_mode & 0o077 == 0
+    assert store.db.path.stat().st_mode & 0o077 == 0
+    store.close()
 
 
 def test_versions_are_numbered_in_order_when_the_manifest_has_none(
@@ -80,7 +86,7 @@ def test_stored_versions_are_immutable(
         "UPDATE app_versions SET version = '9'",
         "DELETE FROM app_versions",
     ):
-        with pytest.raises(sqlite3.IntegrityError, match="immutable"):
+        with pytest.raises((sqlite3.IntegrityError, psycopg.Error), match="immutable"):
             store.db.execute(sql)
 
 
@@ -108,18 +114,94 @@ def test_ids_are_unique_and_sortable() -> None:
     assert all(i.startswith("ver_") and len(i) == 30 for i in ids)
 
 
-def test_migrating_a_version_1_database_keeps_its_data(tmp_path: Path) -> None:
-    import sqlite_utils
-
-    path = tmp_path / DB_FILENAME
-    db = sqlite_utils.Database(sqlite3.connect(str(path)))
-    MIGRATIONS[0](db)
-    db.execute("PRAGMA user_version = 1")
-    db.execute("INSERT INTO apps VALUES ('app_1', 'old', 'Old', '2026-01-01T00:00:00.000Z')")
-    db.conn.commit()
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_migrating_a_version_1_database_keeps_its_data(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    target: Path | str = tmp_path / DB_FILENAME
+    if backend == "postgresql":
+        target = request.getfixturevalue("pg").new_database()
+    db = SQLiteDatabase(target) if isinstance(target, Path) else PostgresDatabase(target)
+    with db.write():
+        MIGRATIONS[0](db)
+        db.set_schema_version(1)
+        db.execute("INSERT INTO apps VALUES ('app_1', 'old', 'Old', '2026-01-01T00:00:00.000Z')")
     db.close()
-    store = Store(path)
+    store = Store(target)
     assert store.schema_version == len(MIGRATIONS)
     app = store.get_app("old")
     assert app is not None and (app.name, app.workspace_id) == ("Old", None)
     store.close()
+
+
+def test_a_run_lifecycle_on_each_backend(
+    make_app: Callable[..., AppDir], store: Store, toolchain: Toolchain
+) -> None:
+    """People, keys, an install, a budget, secrets, runs, the ledger, approvals,
+    idempotency, sign-in and the audit chain: the same answers on SQLite and PostgreSQL."""
+    ws = store.create_workspace("Acme")
+    alice = store.ensure_user("Alice@Example.com")
+    assert store.ensure_user("alice@example.com").id == alice.id  # emails are case-blind
+    store.set_membership(ws.id, alice.id, role="admin", approver=True)
+    key, plaintext = store.create_key(kind="personal", user_id=alice.id)
+    assert store.find_key(plaintext) == key
+    app = make_app()
+    app.tool("t")
+    version, _ = upload_version(store, read_app_dir(app.root), toolchain=toolchain)
+    assert [v.tool_names for v in store.list_versions(version.app_id)] == [("t",)]
+    store.publish(version.id, alice.id, workspace_id=ws.id)
+    install = store.create_install(ws.id, version.app_id, version.id, alice.id)
+    store.put_secret(install.id, "TOKEN", ("k1", b"\x00nonce", b"\xffsealed"),
+                     workspace_id=ws.id, user_id=alice.id)  # fmt: skip
+    assert store.sealed_secrets(install.id) == [
+        (install.id, "TOKEN", "k1", b"\x00nonce", b"\xffsealed")
+    ]
+    store.set_budget(install.id, 1000, alice.id, workspace_id=ws.id)
+
+    first = store.start_run(install=install, tool="t", user_id=alice.id, surface="api",
+                            timeout_ms=600)  # fmt: skip
+    assert store.budget(install.id).reserved_ms == 600
+    store.finish_run(first, status="succeeded", duration_ms=400)
+    store.finish_run(first, status="failed", duration_ms=9)  # a second end changes nothing
+    status = store.budget(install.id)
+    assert (status.used_ms, status.reserved_ms) == (400, 0)
+    second = store.start_run(install=install, tool="t", user_id=alice.id, surface="mcp",
+                             timeout_ms=700)  # fmt: skip
+    store.finish_run(second, status="timed_out", duration_ms=700)
+    with pytest.raises(BudgetExhausted):  # 1100 ms used of 1000
+        store.start_run(install=install, tool="t", user_id=alice.id, surface="api")
+    runs = store.list_runs(install.id)
+    assert [(r.id, r.status) for r in runs] == [(second, "timed_out"), (first, "succeeded")]
+    assert sum(row["sandbox_ms"] for row in store.ledger(install_id=install.id)) == 1100
+    assert [(day["succeeded"], day["timed_out"], day["sandbox_ms"])
+            for day in store.usage_by_day(install.id, 1)] == [(1, 1, 1100)]  # fmt: skip
+
+    approval = store.create_approval(
+        workspace_id=ws.id, install_id=install.id, version_id=version.id, tool="t",
+        input_hash="h", surface="chat", requested_by=alice.id, ttl_s=60,
+    )  # fmt: skip
+    assert store.pending_approvals() == 1
+    decided = store.decide_approval(approval.id, approve=True, user_id=alice.id)
+    assert decided is not None and decided.status == "approved"
+    assert store.decide_approval(approval.id, approve=False, user_id=alice.id) is None
+
+    assert store.claim_idempotency_key(alice.id, "k", "hash", 3600) is None
+    assert store.claim_idempotency_key(alice.id, "k", "hash", 3600) == ("hash", None)
+    store.settle_idempotency_key(alice.id, "k", first)
+    assert store.claim_idempotency_key(alice.id, "k", "hash", 3600) == ("hash", first)
+
+    token = store.create_login_link(alice.id, ttl_s=60)
+    assert store.use_login_link(token) == alice.id
+    assert store.use_login_link(token) is None
+    session, secret = store.create_session(alice.id, ttl_s=60, via="link")
+    assert store.find_session(secret) == session
+    assert store.end_session(secret) and store.find_session(secret) is None
+
+    entries, broken = store.verify_audit()
+    assert entries >= 8 and broken is None
+    assert {"tool.run", "budget.set"} <= {
+        entry.action for entry in store.audit_entries(workspace_id=ws.id)
+    }
+    # Deleting the newest entry leaves no later row to break; the chain still knows.
+    store.db.execute("DELETE FROM audit WHERE seq = ?", [entries])
+    assert store.verify_audit() == (entries - 1, entries)

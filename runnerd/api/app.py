@@ -8,6 +8,8 @@ import contextlib
 import fcntl
 import gc
 import logging
+import os
+import socket
 import traceback
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,7 +35,7 @@ from runnerd.config import Settings
 from runnerd.logs import RequestIds
 from runnerd.run.engine import build_engine
 from runnerd.run.jail import JailKind
-from runnerd.store import Store
+from runnerd.store import Store, StoreUnavailable
 from runnerd.vault import Vault
 from runnerd.web.cookies import CookieSigner
 from runnerd.web.pages import SecurityHeaders, web_routes
@@ -98,6 +100,24 @@ def _hold_data_dir(data_dir: Path) -> IO[str]:
     return handle
 
 
+async def _keep_lease(store: Store, lease_s: float) -> None:
+    """Renew this node's lease, and close the runs of nodes whose lease ran out."""
+    while True:
+        await asyncio.sleep(lease_s / 3)
+        try:
+            if not store.renew_lease(lease_s):
+                log.error(
+                    "this node's lease on the database ran out and another node closed its "
+                    "runs; results of runs still going here will not be recorded"
+                )
+                store.join(socket.gethostname(), os.getpid(), __version__, lease_s)
+            closed = store.recover_lost_nodes()
+            if closed:
+                log.warning("closed %d run(s) of a node that stopped answering", len(closed))
+        except Exception as exc:
+            log.error("node lease upkeep failed: %s", type(exc).__name__)
+
+
 async def _expire_approvals(calls: Calls) -> None:
     """Expire (and audit) approvals past their time, every few seconds."""
     while True:
@@ -119,7 +139,10 @@ def create_app(settings: Settings) -> Starlette:
         for warning in engine.warnings():
             log.warning("%s", warning)
         lock = _hold_data_dir(settings.data_dir)
-        store = Store.in_data_dir(settings.data_dir)
+        try:
+            store = Store.open(settings)
+        except StoreUnavailable as error:
+            raise SystemExit(f"runnerd: {error}") from None
         if not store.db.execute("SELECT 1 FROM workspaces LIMIT 1").fetchone():
             log.warning(
                 "no workspace yet in %s: create the first one and its admin with "
@@ -127,18 +150,27 @@ def create_app(settings: Settings) -> Starlette:
                 settings.data_dir,
                 settings.data_dir,
             )
-        interrupted = store.recover_interrupted()
+        # One node per SQLite file (the data dir's lock): whatever it left running is over.
+        # On PostgreSQL, other nodes may be running theirs: only lost nodes' runs close.
+        interrupted = store.recover_interrupted() if store.db.dialect == "sqlite" else []
+        store.join(socket.gethostname(), os.getpid(), __version__, settings.node_lease_s)
+        interrupted += store.recover_lost_nodes()
         if interrupted:
             log.warning(
                 "closed %d run(s) left open by the last stop as failed (interrupted)",
                 len(interrupted),
             )
-        calls = Calls.from_settings(
-            settings,
-            store=store,
-            runner=engine.runner,
-            vault=Vault.from_settings(settings.secrets_key, settings.secrets_key_path),
-        )
+        leases = asyncio.ensure_future(_keep_lease(store, settings.node_lease_s))
+        vault = Vault.from_settings(settings.secrets_key, settings.secrets_key_path)
+        foreign = store.secret_key_ids() - {vault.key_id}
+        if foreign:  # never seal new secrets under another key than the stored ones'
+            store.close()
+            raise SystemExit(
+                f"runnerd: the secrets in {store.db.where} are sealed with key "
+                f"{', '.join(sorted(foreign))}, and this node's secrets key is {vault.key_id}: "
+                "give every node the same key (secrets_key or secrets_key_file)"
+            )
+        calls = Calls.from_settings(settings, store=store, runner=engine.runner, vault=vault)
         app.state.runnerd = AppState(
             settings=settings,
             store=store,
@@ -172,8 +204,10 @@ def create_app(settings: Settings) -> Starlette:
                 yield
         finally:
             expiry.cancel()
+            leases.cancel()
             await calls.drain(timeout=30)
             await engine.sandbox.close()
+            store.leave()
             store.close()
             lock.close()
 

@@ -127,7 +127,7 @@ async def deploy(request: Request, state: AppState) -> Response:
     def store() -> VersionRecord:
         # Tens of MB of code in one transaction: in a thread, on a connection of its own
         # (a connection is not shared between threads; WAL lets both see the commit).
-        own = Store.in_data_dir(state.settings.data_dir)
+        own = Store.open(state.settings)
         try:
             return own.add_version(
                 bundle, workspace_id=workspace_id, user_id=caller.user_id, key_id=caller.key.id

@@ -9,11 +9,14 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runnerd.access import ROLES, SCOPES
 from runnerd.cli.output import output, settings_from_args
 from runnerd.store import Store
+
+if TYPE_CHECKING:
+    from runnerd.config import Settings
 
 __all__ = ["register_admin"]
 
@@ -106,7 +109,7 @@ def cmd_openapi(args: argparse.Namespace) -> int:
 
 
 def _store(args: argparse.Namespace) -> Store:
-    return Store.in_data_dir(settings_from_args(args).data_dir)
+    return Store.open(settings_from_args(args))
 
 
 def _workspace(store: Store, workspace_id: str) -> str:
@@ -207,8 +210,8 @@ def cmd_login_link(args: argparse.Namespace) -> int:
     from runnerd.api.people import LOGIN_LINK_TTL_S
 
     settings = settings_from_args(args)
-    store = Store.in_data_dir(settings.data_dir)
-    rows = list(store.db.query("SELECT id FROM users WHERE email = ?", [args.email]))
+    store = Store.open(settings)
+    rows = list(store.db.query("SELECT id FROM users WHERE lower(email) = lower(?)", [args.email]))
     if not rows:
         print(f"runnerd: no person with the email {args.email}", file=sys.stderr)
         return 1
@@ -274,10 +277,46 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     return 0 if broken is None else 1
 
 
+def _sqlite_only(settings: Settings, what: str) -> bool:
+    """False (and says why) when the store is not the data dir's SQLite file."""
+    if settings.database_url:
+        print(
+            f"runnerd: {what} works on the data dir's SQLite store; database_url names "
+            "another (for PostgreSQL, use its own pg_dump and pg_restore)",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Bring the database's schema forward: the one step that does, for a shared
+    PostgreSQL database (a SQLite file is migrated when it opens)."""
+    from runnerd.store import MIGRATIONS
+
+    store = Store.open(settings_from_args(args), migrate=True)
+    try:
+        before, after = store.migrate_from, store.schema_version
+        where = store.db.where
+    finally:
+        store.close()
+    return output(
+        args,
+        {"database": where, "from": before, "to": after, "latest": len(MIGRATIONS)},
+        lambda: print(
+            f"{where}: schema {before} -> {after}"
+            if before != after
+            else f"{where}: schema {after}, up to date"
+        ),
+    )
+
+
 def cmd_backup(args: argparse.Namespace) -> int:
     from runnerd.store.backup import BackupError, backup
 
     settings = settings_from_args(args)
+    if not _sqlite_only(settings, "backup"):
+        return 2
     target = Path(args.to).resolve()
     try:
         size = backup(settings.data_dir, target)
@@ -298,6 +337,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from runnerd.store.backup import BackupError, restore
 
     settings = settings_from_args(args)
+    if not _sqlite_only(settings, "restore"):
+        return 2
     try:
         kept = restore(Path(args.source).resolve(), settings.data_dir)
     except BackupError as exc:
@@ -425,6 +466,10 @@ def register_admin(
     p.add_argument("--email", required=True)
     p.add_argument("--url", help="the daemon's address as browsers reach it (default: host:port)")
     p.set_defaults(func=cmd_login_link)
+    p = admin.add_parser(
+        "migrate", parents=[common], help="bring the database's schema forward (the one step)"
+    )
+    p.set_defaults(func=cmd_migrate)
     p = admin.add_parser(
         "backup", parents=[common], help="a consistent copy of the store (live or not)"
     )

@@ -244,7 +244,7 @@ async def _run_once(
 def cmd_envs_list(args: argparse.Namespace) -> int:
     settings = _settings(args)
     engine = build_engine(settings)
-    store = Store.in_data_dir(settings.data_dir)
+    store = Store.open(settings)
     users = _env_users(engine, store)
     envs = engine.envs.list()
     if args.json:
@@ -286,7 +286,7 @@ def _env_users(engine: Engine, store: Store) -> dict[str, list[str]]:
 def cmd_envs_prune(args: argparse.Namespace) -> int:
     settings = _settings(args)
     engine = build_engine(settings)
-    users = _env_users(engine, Store.in_data_dir(settings.data_dir))
+    users = _env_users(engine, Store.open(settings))
     removed = []
     for env in engine.envs.list():
         if env.key not in users:

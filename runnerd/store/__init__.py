@@ -9,7 +9,7 @@ are immutable: triggers refuse any UPDATE or DELETE of a version or its tools.
 from runnerd.store.approvals import ApprovalRow, ApprovalsStore
 from runnerd.store.apps import AppsStore
 from runnerd.store.audit import AuditEntry
-from runnerd.store.core import DB_FILENAME
+from runnerd.store.core import DB_FILENAME, StoreUnavailable
 from runnerd.store.people import PeopleStore
 from runnerd.store.records import (
     AppRecord,
@@ -42,6 +42,7 @@ __all__ = [
     "RunRow",
     "SessionRecord",
     "Store",
+    "StoreUnavailable",
     "ToolRecord",
     "UserRecord",
     "VersionRecord",

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 
 from runnerd.store.audit import AuditStore
-from runnerd.store.records import new_id, utc_now
+from runnerd.store.records import new_id, stamp, utc_now
 
 
 class ApprovalRow(msgspec.Struct, frozen=True):
@@ -29,10 +29,6 @@ class ApprovalRow(msgspec.Struct, frozen=True):
     decided_by: str | None = None
     decided_at: str | None = None
     run_id: str | None = None
-
-
-def _stamp(when: datetime) -> str:
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class ApprovalsStore(AuditStore):
@@ -59,11 +55,11 @@ class ApprovalsStore(AuditStore):
             surface=surface,
             requested_by=requested_by,
             status="pending",
-            created_at=_stamp(now),
-            expires_at=_stamp(now + timedelta(seconds=ttl_s)),
+            created_at=stamp(now),
+            expires_at=stamp(now + timedelta(seconds=ttl_s)),
         )
         with self._write():
-            self.db.table("approvals").insert(msgspec.structs.asdict(row))
+            self.db.insert("approvals", msgspec.structs.asdict(row))
             self._append_audit(
                 "approval.request",
                 workspace_id=workspace_id,
@@ -160,7 +156,7 @@ class ApprovalsStore(AuditStore):
         """Claim ``key`` for this request. None: claimed, go on. Else (hash it was first
         used with, run id or None while the first call runs). Keys older than
         ``max_age_s`` are forgotten."""
-        cutoff = _stamp(datetime.now(UTC) - timedelta(seconds=max_age_s))
+        cutoff = stamp(datetime.now(UTC) - timedelta(seconds=max_age_s))
         with self._write():
             self.db.execute("DELETE FROM idempotency WHERE created_at < ?", [cutoff])
             row = self.db.execute(

@@ -46,7 +46,7 @@ class AppsStore(AuditStore):
                     "created_at": now,
                     "workspace_id": workspace_id,
                 }
-                self.db.table("apps").insert(app)
+                self.db.insert("apps", app)
             elif app["name"] != manifest.name:
                 self.db.execute("UPDATE apps SET name = ? WHERE id = ?", [manifest.name, app["id"]])
             seq = self._next_seq(app["id"])
@@ -54,7 +54,8 @@ class AppsStore(AuditStore):
             if self._version_taken(app["id"], version):
                 raise VersionExists(manifest.slug, version)
             version_id = new_id("ver")
-            self.db.table("app_versions").insert(
+            self.db.insert(
+                "app_versions",
                 {
                     "id": version_id,
                     "app_id": app["id"],
@@ -64,9 +65,9 @@ class AppsStore(AuditStore):
                     "content_hash": bundle.content_hash,
                     "created_at": now,
                     "egress": json.dumps(list(manifest.egress)),
-                }
+                },
             )
-            self.db.table("tools").insert_all(_tool_row(version_id, t) for t in bundle.tools)
+            self.db.insert_all("tools", [_tool_row(version_id, t) for t in bundle.tools])
             self._append_audit(
                 "app.deploy",
                 workspace_id=workspace_id,
@@ -141,7 +142,7 @@ class AppsStore(AuditStore):
         """Mark a version published (once; publishing again keeps the first time)."""
         with self._write():
             cur = self.db.execute(
-                "INSERT OR IGNORE INTO publications VALUES (?, ?, ?)",
+                "INSERT INTO publications VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
                 [version_id, user_id, utc_now()],
             )
             if cur.rowcount:
@@ -329,14 +330,17 @@ class AppsStore(AuditStore):
             installs = [i for i in installs if i.id == install_id]
         return [(i, t) for i in installs for t in self.get_tools(i.version_id)]
 
+    def _versions_sql(self) -> str:
+        """Versions with their app's slug and their tools' names (a JSON list, sorted)."""
+        return (
+            "SELECT v.*, a.slug AS app_slug, "
+            f"{self.db.sorted_json_list('name', 'tools', 'version_id = v.id')} AS tool_names "
+            "FROM app_versions v JOIN apps a ON a.id = v.app_id"
+        )
+
     def list_versions(self, app_id: str) -> list[VersionRecord]:
         rows = self.db.query(
-            """SELECT v.*, a.slug AS app_slug,
-                      (SELECT json_group_array(name) FROM
-                         (SELECT name FROM tools WHERE version_id = v.id ORDER BY name))
-                      AS tool_names
-               FROM app_versions v JOIN apps a ON a.id = v.app_id
-               WHERE v.app_id = ? ORDER BY v.seq""",
+            self._versions_sql() + " WHERE v.app_id = ? ORDER BY v.seq",
             [app_id],
         )
         return [_version_record(r) for r in rows]
@@ -344,11 +348,7 @@ class AppsStore(AuditStore):
     def get_version(self, version_id: str) -> VersionRecord | None:
         rows = list(
             self.db.query(
-                """SELECT v.*, a.slug AS app_slug,
-                      (SELECT json_group_array(name) FROM
-                         (SELECT name FROM tools WHERE version_id = v.id ORDER BY name))
-                      AS tool_names
-               FROM app_versions v JOIN apps a ON a.id = v.app_id WHERE v.id = ?""",
+                self._versions_sql() + " WHERE v.id = ?",
                 [version_id],
             )
         )

@@ -76,7 +76,8 @@ class AuditStore(StoreBase):
         )
         row["prev_hash"] = prev
         row["hash"] = _digest(prev, row)
-        self.db.table("audit").insert(row)
+        self.db.insert("audit", row)
+        self.db.record_high_water("audit", seq)
         return str(row["id"])
 
     def audit(self, action: str, **fields: Any) -> str:
@@ -126,9 +127,9 @@ class AuditStore(StoreBase):
             if _digest(prev, row) != row["hash"]:
                 return count, int(row["seq"])
             prev, expected_seq = row["hash"], row["seq"] + 1
-        # Deleting the newest entries leaves no later row to break: SQLite's own counter of
-        # the highest seq ever given out still remembers them.
-        top = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'audit'").fetchone()
-        if top is not None and top[0] >= expected_seq:
+        # Deleting the newest entries leaves no later row to break: the database's record
+        # of the highest seq ever given out still remembers them.
+        top = self.db.high_water("audit")
+        if top is not None and top >= expected_seq:
             return count, expected_seq
         return count, None

@@ -26,7 +26,7 @@ class PeopleStore(AuditStore):
     def create_workspace(self, name: str) -> WorkspaceRecord:
         record = WorkspaceRecord(id=new_id("ws"), name=name, created_at=utc_now())
         with self._write():
-            self.db.table("workspaces").insert(msgspec.structs.asdict(record))
+            self.db.insert("workspaces", msgspec.structs.asdict(record))
             self._append_audit("workspace.create", workspace_id=record.id, detail={"name": name})
         return record
 
@@ -37,10 +37,10 @@ class PeopleStore(AuditStore):
     def ensure_user(self, email: str, name: str | None = None) -> UserRecord:
         """The user with this email, created if new."""
         with self._write():
-            rows = list(self.db.query("SELECT * FROM users WHERE email = ?", [email]))
+            rows = list(self.db.query("SELECT * FROM users WHERE lower(email) = lower(?)", [email]))
             if not rows:
                 record = UserRecord(id=new_id("usr"), email=email, name=name, created_at=utc_now())
-                self.db.table("users").insert(msgspec.structs.asdict(record))
+                self.db.insert("users", msgspec.structs.asdict(record))
                 return record
         return UserRecord(**rows[0])
 
@@ -122,13 +122,14 @@ class PeopleStore(AuditStore):
             created_at=utc_now(),
         )
         with self._write():
-            self.db.table("api_keys").insert(
+            self.db.insert(
+                "api_keys",
                 {
                     **msgspec.structs.asdict(record),
                     "scopes": json.dumps(list(scopes)),
                     "key_hash": hash_key(plaintext),
                     "revoked_at": None,
-                }
+                },
             )
             self._append_audit(
                 "key.create",

@@ -21,6 +21,7 @@ __all__ = [
     "WorkspaceRecord",
     "hash_key",
     "new_id",
+    "stamp",
     "utc_now",
 ]
 
@@ -44,7 +45,12 @@ def hash_key(plaintext: str) -> str:
 
 def utc_now() -> str:
     """Now as ISO 8601 UTC with milliseconds, such as 2026-11-30T02:46:41.123Z."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return stamp(datetime.now(UTC))
+
+
+def stamp(when: datetime) -> str:
+    """``when`` (UTC) as the store writes times: ISO 8601 with milliseconds and a Z."""
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class AppRecord(msgspec.Struct, frozen=True):

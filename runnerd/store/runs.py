@@ -16,7 +16,7 @@ import msgspec
 
 from runnerd.errors import BudgetExhausted
 from runnerd.store.audit import AuditStore
-from runnerd.store.records import InstallRecord, new_id, utc_now
+from runnerd.store.records import InstallRecord, new_id, stamp, utc_now
 
 LEDGER_KIND_TOOL = "app-tool"  # the usage ledger's kind for a tool run's sandbox time
 
@@ -136,8 +136,9 @@ class RunsStore(AuditStore):
     def _usage(self, install_id: str, month: str, used: int, reserved: int) -> None:
         self.db.execute(
             """INSERT INTO budget_usage VALUES (?, ?, ?, ?) ON CONFLICT (install_id, month)
-               DO UPDATE SET used_ms = used_ms + excluded.used_ms,
-                             reserved_ms = MAX(0, reserved_ms + excluded.reserved_ms)""",
+               DO UPDATE SET used_ms = budget_usage.used_ms + excluded.used_ms,
+                 reserved_ms = CASE WHEN budget_usage.reserved_ms + excluded.reserved_ms < 0
+                               THEN 0 ELSE budget_usage.reserved_ms + excluded.reserved_ms END""",
             [install_id, month, used, reserved],
         )
 
@@ -171,7 +172,8 @@ class RunsStore(AuditStore):
             self.db.execute(
                 """INSERT INTO runs (id, workspace_id, install_id, app_id, version_id, tool,
                    user_id, surface, workflow_run_id, started_at, reserved_ms, month,
-                   approval_id, timeout_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                   approval_id, timeout_ms, node_id)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 [
                     run_id,
                     install.workspace_id,
@@ -187,6 +189,7 @@ class RunsStore(AuditStore):
                     month,
                     approval_id,
                     timeout_ms,
+                    self.node_id,
                 ],
             )
         return run_id
@@ -245,7 +248,8 @@ class RunsStore(AuditStore):
         payer_kind, payer_id = (
             ("workflow_run", workflow_run_id) if workflow_run_id else ("workspace", workspace_id)
         )
-        self.db.table("ledger").insert(
+        self.db.insert(
+            "ledger",
             {
                 "id": new_id("led"),
                 "kind": LEDGER_KIND_TOOL,
@@ -261,7 +265,7 @@ class RunsStore(AuditStore):
                 "user_id": user_id,
                 "month": month,
                 "created_at": now,
-            }
+            },
         )
         self._usage(install_id, month, duration_ms, -reserved_ms)
         self._append_audit(
@@ -290,10 +294,10 @@ class RunsStore(AuditStore):
         return list(
             self.db.query(
                 """SELECT substr(started_at, 1, 10) AS day,
-                          sum(status = 'succeeded') AS succeeded,
-                          sum(status = 'failed') AS failed,
-                          sum(status = 'timed_out') AS timed_out,
-                          sum(status = 'running') AS running,
+                          sum(CASE WHEN status = 'succeeded' THEN 1 ELSE 0 END) AS succeeded,
+                          sum(CASE WHEN status = 'failed' THEN 1 ELSE 0 END) AS failed,
+                          sum(CASE WHEN status = 'timed_out' THEN 1 ELSE 0 END) AS timed_out,
+                          sum(CASE WHEN status = 'running' THEN 1 ELSE 0 END) AS running,
                           coalesce(sum(duration_ms), 0) AS sandbox_ms
                    FROM runs WHERE install_id = ? AND started_at >= ?
                    GROUP BY day ORDER BY day""",
@@ -310,24 +314,96 @@ class RunsStore(AuditStore):
         """End runs that cannot finish: ``failed``, error ``interrupted``, metered for the
         time known (from their start to now, at most their timeout), audited, their
         reservations released. Runs already ended are left as they are."""
+        with self._write():
+            return self._interrupt(run_ids)
+
+    def _interrupt(self, run_ids: list[str]) -> list[str]:
         now = datetime.now(UTC)
         closed = []
-        with self._write():
-            for run_id in run_ids:
-                row = self.db.execute(
-                    "SELECT started_at, timeout_ms FROM runs WHERE id = ? AND status = 'running'",
-                    [run_id],
-                ).fetchone()
-                if row is None:
-                    continue
-                started = datetime.fromisoformat(row[0].replace("Z", "+00:00"))
-                known = int((now - started).total_seconds() * 1000)
-                timeout_ms = row[1]
-                self._finish(
-                    run_id, "failed", min(max(known, 0), timeout_ms or known), "interrupted", None
-                )
-                closed.append(run_id)
+        for run_id in run_ids:
+            row = self.db.execute(
+                "SELECT started_at, timeout_ms FROM runs WHERE id = ? AND status = 'running'",
+                [run_id],
+            ).fetchone()
+            if row is None:
+                continue
+            started = datetime.fromisoformat(row[0].replace("Z", "+00:00"))
+            known = int((now - started).total_seconds() * 1000)
+            timeout_ms = row[1]
+            self._finish(
+                run_id, "failed", min(max(known, 0), timeout_ms or known), "interrupted", None
+            )
+            closed.append(run_id)
         return closed
+
+    # --- nodes ----------------------------------------------------------------------------
+
+    def join(self, host: str, pid: int, version: str, lease_s: float) -> str:
+        """Serve this database as a new node: its id (runs it starts carry it). On a
+        SQLite file there is one node at a time (the data dir's lock), so every node
+        before this one is over."""
+        node_id = new_id("node")
+        now = datetime.now(UTC)
+        with self._write():
+            if self.db.dialect == "sqlite":
+                self.db.execute(
+                    "UPDATE nodes SET stopped_at = ? WHERE stopped_at IS NULL", [stamp(now)]
+                )
+            self.db.execute(
+                "INSERT INTO nodes VALUES (?, ?, ?, ?, ?, ?, NULL)",
+                [node_id, host, pid, version, stamp(now),
+                 stamp(now + timedelta(seconds=lease_s))],
+            )  # fmt: skip
+        self.node_id = node_id
+        return node_id
+
+    def renew_lease(self, lease_s: float) -> bool:
+        """Extend this node's lease. False when it had run out and another node has
+        closed this node's runs (its later results change nothing)."""
+        until = stamp(datetime.now(UTC) + timedelta(seconds=lease_s))
+        with self._write():
+            cur = self.db.execute(
+                "UPDATE nodes SET lease_until = ? WHERE id = ? AND stopped_at IS NULL",
+                [until, self.node_id],
+            )
+            return bool(cur.rowcount)
+
+    def leave(self) -> None:
+        """This node stops; its runs are closed already (a graceful stop)."""
+        with self._write():
+            self.db.execute(
+                "UPDATE nodes SET stopped_at = ? WHERE id = ?", [utc_now(), self.node_id]
+            )
+
+    def recover_lost_nodes(self) -> list[str]:
+        """Close the runs of nodes whose lease ran out (killed, or cut off), once: the
+        nodes are marked stopped in the same transaction. The closed runs' ids."""
+        now = utc_now()
+        with self._write():
+            lost = [
+                row[0]
+                for row in self.db.execute(
+                    "SELECT id FROM nodes WHERE stopped_at IS NULL AND lease_until < ?", [now]
+                ).fetchall()
+            ]
+            rows = self.db.execute(
+                """SELECT id FROM runs WHERE status = 'running' AND (node_id IS NULL
+                   OR node_id IN (SELECT id FROM nodes WHERE stopped_at IS NOT NULL
+                                  OR lease_until < ?))""",
+                [now],
+            ).fetchall()
+            for node in lost:
+                self.db.execute("UPDATE nodes SET stopped_at = ? WHERE id = ?", [now, node])
+            return self._interrupt([row[0] for row in rows])
+
+    def live_nodes(self) -> list[dict[str, Any]]:
+        now = utc_now()
+        return list(
+            self.db.query(
+                "SELECT * FROM nodes WHERE stopped_at IS NULL AND lease_until >= ? ORDER BY id",
+                [now],
+            )
+        )
 
     def get_run(self, run_id: str) -> RunRow | None:
         rows = list(self.db.query(_RUN_SQL + " WHERE r.id = ?", [run_id]))

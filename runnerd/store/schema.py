@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import sqlite_utils
+from runnerd.store.db import Database
 
 # --- Migrations -----------------------------------------------------------------------------
 
 
-def _m1_apps_and_versions(db: sqlite_utils.Database) -> None:
-    db.execute(
+def _m1_apps_and_versions(db: Database) -> None:
+    db.ddl(
         """CREATE TABLE apps (
             id TEXT PRIMARY KEY,
             slug TEXT NOT NULL UNIQUE,
@@ -18,7 +18,7 @@ def _m1_apps_and_versions(db: sqlite_utils.Database) -> None:
             created_at TEXT NOT NULL
         )"""
     )
-    db.execute(
+    db.ddl(
         """CREATE TABLE app_versions (
             id TEXT PRIMARY KEY,
             app_id TEXT NOT NULL REFERENCES apps(id),
@@ -31,7 +31,7 @@ def _m1_apps_and_versions(db: sqlite_utils.Database) -> None:
             UNIQUE (app_id, seq)
         )"""
     )
-    db.execute(
+    db.ddl(
         """CREATE TABLE tools (
             version_id TEXT NOT NULL REFERENCES app_versions(id),
             name TEXT NOT NULL,
@@ -52,25 +52,43 @@ def _m1_apps_and_versions(db: sqlite_utils.Database) -> None:
         )"""
     )
     for table in ("app_versions", "tools"):
-        for action in ("UPDATE", "DELETE"):
-            db.execute(
-                f"""CREATE TRIGGER {table}_immutable_{action.lower()}
-                BEFORE {action} ON {table}
-                BEGIN SELECT RAISE(ABORT, 'stored app versions are immutable'); END"""
-            )
+        _immutable(db, table)
 
 
-def _m2_people_installs_runs(db: sqlite_utils.Database) -> None:
-    db.execute(
+def _immutable(db: Database, table: str) -> None:
+    """Triggers that refuse any UPDATE or DELETE of ``table``'s rows."""
+    if db.dialect == "postgresql":
+        db.ddl(
+            """CREATE OR REPLACE FUNCTION runnerd_immutable() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'stored app versions are immutable'; END $$"""
+        )
+        db.ddl(
+            f"""CREATE TRIGGER {table}_immutable BEFORE UPDATE OR DELETE ON {table}
+            FOR EACH ROW EXECUTE FUNCTION runnerd_immutable()"""
+        )
+        return
+    for action in ("UPDATE", "DELETE"):
+        db.ddl(
+            f"""CREATE TRIGGER {table}_immutable_{action.lower()}
+            BEFORE {action} ON {table}
+            BEGIN SELECT RAISE(ABORT, 'stored app versions are immutable'); END"""
+        )
+
+
+def _m2_people_installs_runs(db: Database) -> None:
+    db.ddl(
         """CREATE TABLE workspaces (
             id TEXT PRIMARY KEY, name TEXT NOT NULL, created_at TEXT NOT NULL)"""
     )
-    db.execute(
+    db.ddl(
         """CREATE TABLE users (
             id TEXT PRIMARY KEY, email TEXT NOT NULL UNIQUE COLLATE NOCASE,
             name TEXT, created_at TEXT NOT NULL)"""
     )
-    db.execute(
+    if db.dialect == "postgresql":  # SQLite's COLLATE NOCASE
+        db.ddl("CREATE UNIQUE INDEX users_email_nocase ON users (lower(email))")
+    db.ddl(
         """CREATE TABLE memberships (
             workspace_id TEXT NOT NULL REFERENCES workspaces(id),
             user_id TEXT NOT NULL REFERENCES users(id),
@@ -79,7 +97,7 @@ def _m2_people_installs_runs(db: sqlite_utils.Database) -> None:
             created_at TEXT NOT NULL,
             PRIMARY KEY (workspace_id, user_id))"""
     )
-    db.execute(
+    db.ddl(
         """CREATE TABLE api_keys (
             id TEXT PRIMARY KEY,
             kind TEXT NOT NULL CHECK (kind IN ('personal', 'workspace', 'token')),
@@ -92,14 +110,14 @@ def _m2_people_installs_runs(db: sqlite_utils.Database) -> None:
             created_at TEXT NOT NULL,
             revoked_at TEXT)"""
     )
-    db.execute("ALTER TABLE apps ADD COLUMN workspace_id TEXT REFERENCES workspaces(id)")
-    db.execute(
+    db.ddl("ALTER TABLE apps ADD COLUMN workspace_id TEXT REFERENCES workspaces(id)")
+    db.ddl(
         """CREATE TABLE publications (
             version_id TEXT PRIMARY KEY REFERENCES app_versions(id),
             published_by TEXT REFERENCES users(id),
             published_at TEXT NOT NULL)"""
     )
-    db.execute(
+    db.ddl(
         """CREATE TABLE installs (
             id TEXT PRIMARY KEY,
             workspace_id TEXT NOT NULL REFERENCES workspaces(id),
@@ -111,7 +129,7 @@ def _m2_people_installs_runs(db: sqlite_utils.Database) -> None:
             updated_at TEXT NOT NULL,
             UNIQUE (workspace_id, app_id))"""
     )
-    db.execute(
+    db.ddl(
         """CREATE TABLE runs (
             id TEXT PRIMARY KEY,
             workspace_id TEXT NOT NULL REFERENCES workspaces(id),
@@ -128,13 +146,13 @@ def _m2_people_installs_runs(db: sqlite_utils.Database) -> None:
             started_at TEXT NOT NULL,
             ended_at TEXT)"""
     )
-    db.execute("CREATE INDEX runs_by_install ON runs (install_id, started_at)")
+    db.ddl("CREATE INDEX runs_by_install ON runs (install_id, started_at)")
 
 
-def _m3_governance(db: sqlite_utils.Database) -> None:
+def _m3_governance(db: Database) -> None:
     """Secrets, budgets, the usage ledger, the audit trail, approvals, idempotency."""
-    db.execute("ALTER TABLE memberships ADD COLUMN approver INTEGER NOT NULL DEFAULT 0")
-    db.execute(
+    db.ddl("ALTER TABLE memberships ADD COLUMN approver INTEGER NOT NULL DEFAULT 0")
+    db.ddl(
         """CREATE TABLE install_secrets (
             install_id TEXT NOT NULL REFERENCES installs(id),
             name TEXT NOT NULL,
@@ -145,14 +163,14 @@ def _m3_governance(db: sqlite_utils.Database) -> None:
             updated_by TEXT,
             PRIMARY KEY (install_id, name))"""
     )
-    db.execute(
+    db.ddl(
         """CREATE TABLE budgets (
             install_id TEXT PRIMARY KEY REFERENCES installs(id),
             monthly_ms INTEGER,
             updated_at TEXT NOT NULL,
             updated_by TEXT)"""
     )
-    db.execute(
+    db.ddl(
         """CREATE TABLE budget_usage (
             install_id TEXT NOT NULL REFERENCES installs(id),
             month TEXT NOT NULL,
@@ -167,8 +185,8 @@ def _m3_governance(db: sqlite_utils.Database) -> None:
         "approval_id TEXT",
         "timeout_ms INTEGER",
     ):
-        db.execute(f"ALTER TABLE runs ADD COLUMN {column}")
-    db.execute(
+        db.ddl(f"ALTER TABLE runs ADD COLUMN {column}")
+    db.ddl(
         """CREATE TABLE ledger (
             id TEXT PRIMARY KEY,
             kind TEXT NOT NULL,
@@ -185,8 +203,8 @@ def _m3_governance(db: sqlite_utils.Database) -> None:
             month TEXT NOT NULL,
             created_at TEXT NOT NULL)"""
     )
-    db.execute("CREATE INDEX ledger_by_month ON ledger (month, install_id)")
-    db.execute(
+    db.ddl("CREATE INDEX ledger_by_month ON ledger (month, install_id)")
+    db.ddl(
         """CREATE TABLE audit (
             seq INTEGER PRIMARY KEY AUTOINCREMENT,
             id TEXT NOT NULL UNIQUE,
@@ -206,8 +224,8 @@ def _m3_governance(db: sqlite_utils.Database) -> None:
             prev_hash TEXT NOT NULL,
             hash TEXT NOT NULL)"""
     )
-    db.execute("CREATE INDEX audit_by_workspace ON audit (workspace_id, seq)")
-    db.execute(
+    db.ddl("CREATE INDEX audit_by_workspace ON audit (workspace_id, seq)")
+    db.ddl(
         """CREATE TABLE approvals (
             id TEXT PRIMARY KEY,
             workspace_id TEXT NOT NULL,
@@ -225,7 +243,7 @@ def _m3_governance(db: sqlite_utils.Database) -> None:
             decided_at TEXT,
             run_id TEXT)"""
     )
-    db.execute(
+    db.ddl(
         """CREATE TABLE idempotency (
             user_id TEXT NOT NULL,
             key TEXT NOT NULL,
@@ -234,28 +252,28 @@ def _m3_governance(db: sqlite_utils.Database) -> None:
             created_at TEXT NOT NULL,
             PRIMARY KEY (user_id, key))"""
     )
-    db.execute("CREATE INDEX idempotency_by_age ON idempotency (created_at)")
-    db.execute("CREATE INDEX approvals_due ON approvals (status, expires_at)")
-    db.execute("CREATE INDEX runs_by_tool ON runs (install_id, tool, id)")
+    db.ddl("CREATE INDEX idempotency_by_age ON idempotency (created_at)")
+    db.ddl("CREATE INDEX approvals_due ON approvals (status, expires_at)")
+    db.ddl("CREATE INDEX runs_by_tool ON runs (install_id, tool, id)")
 
 
-def _m4_egress(db: sqlite_utils.Database) -> None:
+def _m4_egress(db: Database) -> None:
     """What each version asks to reach, and what each install grants (JSON lists of
     destinations in normal form; empty: no network, as before)."""
-    db.execute("ALTER TABLE app_versions ADD COLUMN egress TEXT NOT NULL DEFAULT '[]'")
-    db.execute("ALTER TABLE installs ADD COLUMN egress TEXT NOT NULL DEFAULT '[]'")
+    db.ddl("ALTER TABLE app_versions ADD COLUMN egress TEXT NOT NULL DEFAULT '[]'")
+    db.ddl("ALTER TABLE installs ADD COLUMN egress TEXT NOT NULL DEFAULT '[]'")
 
 
-def _m5_run_egress(db: sqlite_utils.Database) -> None:
+def _m5_run_egress(db: Database) -> None:
     """What a run reached through the egress proxy: per destination, connections and
     bytes each way, or why it was refused (JSON; NULL for a run without a grant). Never a
     payload, a path or a header."""
-    db.execute("ALTER TABLE runs ADD COLUMN egress TEXT")
+    db.ddl("ALTER TABLE runs ADD COLUMN egress TEXT")
 
 
-def _m6_sign_in(db: sqlite_utils.Database) -> None:
+def _m6_sign_in(db: Database) -> None:
     """The Manage page's one-time sign-in links and browser sessions (hashes only)."""
-    db.execute(
+    db.ddl(
         """CREATE TABLE login_links (
             token_hash TEXT PRIMARY KEY,
             user_id TEXT NOT NULL REFERENCES users(id),
@@ -263,7 +281,7 @@ def _m6_sign_in(db: sqlite_utils.Database) -> None:
             expires_at TEXT NOT NULL,
             used_at TEXT)"""
     )
-    db.execute(
+    db.ddl(
         """CREATE TABLE web_sessions (
             id_hash TEXT PRIMARY KEY,
             id TEXT NOT NULL,
@@ -274,12 +292,31 @@ def _m6_sign_in(db: sqlite_utils.Database) -> None:
     )
 
 
+def _m7_nodes(db: Database) -> None:
+    """The nodes serving this database (one for a SQLite file; any number share a
+    PostgreSQL database), each with a lease it renews, and the node of each run: when a
+    node dies, another closes its runs once the lease runs out."""
+    db.ddl(
+        """CREATE TABLE nodes (
+            id TEXT PRIMARY KEY,
+            host TEXT NOT NULL,
+            pid INTEGER NOT NULL,
+            version TEXT NOT NULL,
+            started_at TEXT NOT NULL,
+            lease_until TEXT NOT NULL,
+            stopped_at TEXT)"""
+    )
+    db.ddl("ALTER TABLE runs ADD COLUMN node_id TEXT")
+    db.ddl("CREATE INDEX runs_by_status ON runs (status, node_id)")
+
+
 # Append only: a migration, once released, never changes.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+MIGRATIONS: list[Callable[[Database], None]] = [
     _m1_apps_and_versions,
     _m2_people_installs_runs,
     _m3_governance,
     _m4_egress,
     _m5_run_egress,
     _m6_sign_in,
+    _m7_nodes,
 ]

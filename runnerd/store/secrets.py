@@ -64,6 +64,11 @@ class SecretsStore(AuditStore):
                 )
         return bool(cur.rowcount)
 
+    def secret_key_ids(self) -> set[str]:
+        """The ids of the keys the stored secrets are sealed with."""
+        rows = self.db.execute("SELECT DISTINCT key_id FROM install_secrets").fetchall()
+        return {str(row[0]) for row in rows}
+
     def secret_names(self, install_id: str) -> list[tuple[str, str]]:
         """(name, updated at) of each secret of the install; never a value."""
         rows = self.db.execute(

@@ -1,0 +1,293 @@
+"""The one place where SQLite and PostgreSQL differ.
+
+The store's code writes one SQL, SQLite's spelling with ``?`` placeholders, and calls a
+``Database``: ``query`` (rows as dicts), ``execute`` (a cursor: tuples, ``rowcount``),
+``insert``/``insert_all`` (a dict a row; lists and dicts stored as JSON), ``write``
+(a transaction that holds the write lock from its first statement), and ``ddl`` for
+migrations. ``SQLiteDatabase`` is sqlite-utils on one WAL file, as before.
+``PostgresDatabase`` is one psycopg 3 connection; it rewrites placeholders once per
+statement text, reads ``numeric`` (what SUM of a BIGINT gives) as an int, and spells
+the few types SQLite and PostgreSQL name differently.
+
+Writes keep SQLite's rule on both: one writer at a time. On PostgreSQL a write
+transaction first takes a transaction-level advisory lock, so every read-then-write in
+the store (budget reservations, idempotency keys, approval claims, the audit chain) is
+as atomic across nodes as it is in one SQLite file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping
+from decimal import Decimal
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol
+
+import sqlite_utils
+
+__all__ = ["Database", "PostgresDatabase", "SQLiteDatabase", "open_database", "redact_url"]
+
+# The advisory lock every PostgreSQL write transaction holds ("runnerd" in ASCII).
+WRITE_LOCK = 0x72756E6E657264
+
+
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+class Database(Protocol):
+    dialect: str  # "sqlite" or "postgresql"
+    where: str  # for messages: the file, or the URL without its password
+
+    def execute(self, sql: str, params: Iterable[Any] = ()) -> Cursor: ...
+    def query(self, sql: str, params: Iterable[Any] = ()) -> Iterator[dict[str, Any]]: ...
+    def insert(self, table: str, row: Mapping[str, Any]) -> None: ...
+    def insert_all(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None: ...
+    def write(self) -> contextlib.AbstractContextManager[None]: ...
+    def ddl(self, sql: str) -> None: ...
+    def sorted_json_list(self, column: str, table: str, where: str) -> str: ...
+    def record_high_water(self, table: str, value: int) -> None: ...
+    def high_water(self, table: str) -> int | None: ...
+    def table_names(self) -> list[str]: ...
+    def get_schema_version(self) -> int: ...
+    def set_schema_version(self, version: int) -> None: ...
+    def close(self) -> None: ...
+
+
+def open_database(url: str) -> Database:
+    """``sqlite:///absolute/path.db`` or ``postgresql://user:pass@host:port/db``."""
+    if url.startswith("sqlite:///"):
+        return SQLiteDatabase(Path(url.removeprefix("sqlite://")))
+    if url.startswith(("postgresql://", "postgres://")):
+        return PostgresDatabase(url)
+    raise ValueError(f"database_url {redact_url(url)!r}: expected sqlite:///PATH or postgresql://…")
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+
+
+def _json_value(value: Any) -> Any:
+    # As sqlite-utils stores them: lists and dicts as JSON text.
+    return json.dumps(value) if isinstance(value, (dict, list, tuple)) else value
+
+
+class SQLiteDatabase:
+    """One SQLite file in WAL mode, through sqlite-utils."""
+
+    dialect = "sqlite"
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(path), check_same_thread=False, timeout=10)
+        self.path = path
+        self.where = str(path)
+        self.utils = sqlite_utils.Database(conn)
+        self.utils.execute("PRAGMA foreign_keys = ON")
+        self.utils.enable_wal()
+        # WAL + NORMAL: a commit survives the daemon being killed (it is in the WAL the
+        # moment COMMIT returns); only a power cut can lose the last transactions.
+        self.utils.execute("PRAGMA synchronous = NORMAL")
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o600)
+
+    def execute(self, sql: str, params: Iterable[Any] = ()) -> Cursor:
+        return self.utils.execute(sql, list(params))
+
+    def query(self, sql: str, params: Iterable[Any] = ()) -> Iterator[dict[str, Any]]:
+        return self.utils.query(sql, list(params))
+
+    def insert(self, table: str, row: Mapping[str, Any]) -> None:
+        self.utils.table(table).insert(dict(row))
+
+    def insert_all(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        self.utils.table(table).insert_all(dict(row) for row in rows)
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE: the write lock up front, so read-then-write sequences cannot
+        interleave with another writer."""
+        self.utils.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.utils.conn.rollback()
+            raise
+        else:
+            self.utils.execute("COMMIT")
+
+    def ddl(self, sql: str) -> None:
+        self.utils.execute(sql)
+
+    def sorted_json_list(self, column: str, table: str, where: str) -> str:
+        """A subquery: ``column`` of ``table``'s rows that match ``where``, as a JSON list
+        in order (text)."""
+        return (
+            f"(SELECT json_group_array({column}) FROM "
+            f"(SELECT {column} FROM {table} WHERE {where} ORDER BY {column}) AS t)"
+        )
+
+    def record_high_water(self, table: str, value: int) -> None:
+        """Nothing to do: SQLite's own sqlite_sequence keeps the highest AUTOINCREMENT
+        key ever given out, inside the same transaction."""
+
+    def high_water(self, table: str) -> int | None:
+        """The highest key ``table`` ever had, deleted rows included."""
+        row = self.utils.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", [table])
+        found = row.fetchone()
+        return int(found[0]) if found else None
+
+    def table_names(self) -> list[str]:
+        return list(self.utils.table_names())
+
+    def get_schema_version(self) -> int:
+        return int(self.utils.execute("PRAGMA user_version").fetchone()[0])
+
+    def set_schema_version(self, version: int) -> None:
+        self.utils.execute(f"PRAGMA user_version = {int(version)}")
+
+    def close(self) -> None:
+        self.utils.close()
+
+
+@lru_cache(maxsize=1024)
+def _pg_sql(sql: str) -> str:
+    """SQLite's spelling to psycopg's: ``?`` placeholders become ``%s`` (a literal ``%``
+    doubles). The store's SQL has no ``?`` inside string literals."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+_PG_TYPES = (
+    (re.compile(r"\bINTEGER PRIMARY KEY AUTOINCREMENT\b"),
+     "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"),
+    (re.compile(r"\bINTEGER\b"), "BIGINT"),  # SQLite's INTEGER is 64-bit
+    (re.compile(r"\bBLOB\b"), "BYTEA"),
+    (re.compile(r"\s+COLLATE NOCASE\b"), ""),  # case-blind uniqueness: an index on lower()
+)  # fmt: skip
+
+
+class PostgresDatabase:
+    """One psycopg 3 connection to a PostgreSQL database shared by every node."""
+
+    dialect = "postgresql"
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+        from psycopg.types.numeric import NumericLoader
+
+        class _IntegralNumeric(NumericLoader):
+            # SUM(bigint) is numeric in PostgreSQL; the store only sums whole numbers.
+            def load(self, data: Any) -> Any:
+                value = super().load(data)
+                if isinstance(value, Decimal) and value == value.to_integral_value():
+                    return int(value)
+                return value
+
+        self.where = redact_url(url)
+        try:
+            self.conn = psycopg.connect(url, autocommit=True)
+        except psycopg.OperationalError as error:
+            raise ConnectionError(f"cannot reach PostgreSQL at {self.where}: {error}") from None
+        self.conn.adapters.register_loader("numeric", _IntegralNumeric)
+        self._dict_row = psycopg.rows.dict_row
+        # runnerd's own bookkeeping, beside the migrated schema: its version, and the
+        # highest keys ever given out (what SQLite's sqlite_sequence keeps).
+        self.execute(
+            "CREATE TABLE IF NOT EXISTS runnerd_schema (id INTEGER PRIMARY KEY CHECK (id = 1), "
+            "version INTEGER NOT NULL)"
+        )
+        self.execute(
+            "CREATE TABLE IF NOT EXISTS runnerd_high_water (name TEXT PRIMARY KEY, "
+            "value BIGINT NOT NULL)"
+        )
+
+    def execute(self, sql: str, params: Iterable[Any] = ()) -> Cursor:
+        values = [_json_value(p) for p in params]
+        return self.conn.execute(_pg_sql(sql), values)
+
+    def query(self, sql: str, params: Iterable[Any] = ()) -> Iterator[dict[str, Any]]:
+        cursor = self.conn.cursor(row_factory=self._dict_row)
+        cursor.execute(_pg_sql(sql), [_json_value(p) for p in params])
+        return iter(cursor.fetchall())
+
+    def insert(self, table: str, row: Mapping[str, Any]) -> None:
+        self.insert_all(table, [row])
+
+    def insert_all(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        batch = [dict(row) for row in rows]
+        if not batch:
+            return
+        columns = list(batch[0])
+        sql = (
+            f"INSERT INTO {table} ({', '.join(columns)}) "
+            f"VALUES ({', '.join('%s' for _ in columns)})"
+        )
+        with self.conn.cursor() as cursor:
+            cursor.executemany(
+                sql,
+                [[_json_value(row[c]) for c in columns] for row in batch],
+            )
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[None]:
+        """A transaction that holds runnerd's write lock, across every node, from its
+        first statement: SQLite's BEGIN IMMEDIATE, for a database many nodes share."""
+        with self.conn.transaction():
+            self.conn.execute("SELECT pg_advisory_xact_lock(%s)", [WRITE_LOCK])
+            yield
+
+    def ddl(self, sql: str) -> None:
+        for pattern, replacement in _PG_TYPES:
+            sql = pattern.sub(replacement, sql)
+        self.conn.execute(sql)
+
+    def sorted_json_list(self, column: str, table: str, where: str) -> str:
+        return (
+            f"(SELECT COALESCE(json_agg({column} ORDER BY {column})::text, '[]') "
+            f"FROM {table} WHERE {where})"
+        )
+
+    def record_high_water(self, table: str, value: int) -> None:
+        """Keep the highest key ``table`` ever had, in the caller's transaction (a
+        sequence would not roll back with it)."""
+        self.conn.execute(
+            "INSERT INTO runnerd_high_water VALUES (%s, %s) ON CONFLICT (name) DO UPDATE "
+            "SET value = GREATEST(runnerd_high_water.value, excluded.value)",
+            [table, value],
+        )
+
+    def high_water(self, table: str) -> int | None:
+        found = self.conn.execute(
+            "SELECT value FROM runnerd_high_water WHERE name = %s", [table]
+        ).fetchone()
+        return int(found[0]) if found else None
+
+    def table_names(self) -> list[str]:
+        rows = self.conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+        ).fetchall()
+        return [row[0] for row in rows if not row[0].startswith("runnerd_")]
+
+    def get_schema_version(self) -> int:
+        row = self.conn.execute("SELECT version FROM runnerd_schema WHERE id = 1").fetchone()
+        return int(row[0]) if row else 0
+
+    def set_schema_version(self, version: int) -> None:
+        self.conn.execute(
+            "INSERT INTO runnerd_schema VALUES (1, %s) "
+            "ON CONFLICT (id) DO UPDATE SET version = excluded.version",
+            [version],
+        )
+
+    def close(self) -> None:
+        self.conn.close()
