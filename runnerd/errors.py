@@ -87,3 +87,10 @@ class BudgetExhausted(RunnerdError):
 
     def wire_details(self) -> dict[str, Any]:
         return {"resetsAt": self.resets_at}
+
+
+class DatabaseUnavailable(RunnerdError):
+    """The shared database (PostgreSQL) did not answer; nothing was started or changed.
+    Try again shortly: the node reconnects on the next call."""
+
+    reason, status, retry_after_s = "DATABASE_UNAVAILABLE", 503, 5

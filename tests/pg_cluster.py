@@ -30,9 +30,16 @@ class PgCluster:
         self.data = self.base / "data"
         self._as_postgres(_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U",
                           "postgres", "--no-sync", "-E", "UTF8")  # fmt: skip
+        self.start()
+
+    def start(self) -> None:
         options = f"-k {self.base} -c listen_addresses='' -c fsync=off -c max_connections=200"
         self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-o", options, "-w",
                           "-l", str(self.base / "log"), "start")  # fmt: skip
+
+    def halt(self) -> None:
+        """Stop the server, keeping its data (start() brings it back)."""
+        self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
 
     def _as_postgres(self, *argv: str) -> None:
         done = subprocess.run(["runuser", "-u", "postgres", "--", *argv],

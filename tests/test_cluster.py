@@ -294,3 +294,66 @@ def test_a_node_with_another_secrets_key_refuses_to_start(
     })  # fmt: skip
     assert "sealed with key" in out and "give every node the same key" in out, out
     assert a.run(install["installId"], "echo", {}).json()["output"]["secret_len"] == len("kept")
+
+
+def test_a_single_node_store_copied_into_postgresql_serves_on(
+    pg: PgCluster, toolchain_dir: Path, tmp_path: Path
+) -> None:
+    """`runnerd admin copy` from a live single node's SQLite file into a new PostgreSQL
+    database; a node started on it has the runs, ledger, audit chain, secrets, budget."""
+    with running_daemon(toolchain_dir) as single:
+        iid = single.ship(gov_app(tmp_path))["installId"]
+        single.call("PUT", f"/api/v2/apps/installs/{iid}/secrets/API_TOKEN", single.admin_key,
+                    json={"value": "moved-along"})  # fmt: skip
+        single.call("PUT", f"/api/v2/apps/installs/{iid}/budget", single.admin_key,
+                    json={"monthlyMs": 3_600_000})  # fmt: skip
+        for i in range(5):
+            assert single.run(iid, "echo", {"text": str(i)}).status_code == 200
+        ledger = {"workspaceId": single.workspace_id}
+        before = single.call("GET", "/api/v2/ledger", single.admin_key, params=ledger).json()
+        url = pg.new_database()
+        source = f"sqlite:///{single.data_dir / 'runnerd.db'}"
+        copied = run_cli("admin", "copy", "--from", source, "--to", url, "--json",
+                         env=single.client_env())  # fmt: skip
+        assert copied.returncode == 0, copied.stderr
+        report = json.loads(copied.stdout)
+        assert report["rows"]["runs"] == 5 and report["rows"]["ledger"] == 5, report
+        again = run_cli("admin", "copy", "--from", source, "--to", url, env=single.client_env())
+        assert again.returncode != 0 and "is not empty" in again.stderr, again.stderr
+        key = (single.data_dir / "secrets.key").read_text().strip()
+        with running_daemon(toolchain_dir, database_url=url, secrets_key=key,
+                            join=single) as node:  # fmt: skip
+            after = node.call("GET", "/api/v2/ledger", node.admin_key, params=ledger).json()
+            assert after == before and len(after["data"]) == 5
+            ran = node.run(iid, "echo", {"text": "on postgres"}).json()["output"]
+            assert ran == {"echo": "on postgres", "secret_len": len("moved-along"), "leak": None}
+            budget = node.call("GET", f"/api/v2/apps/installs/{iid}/budget",
+                               node.admin_key).json()  # fmt: skip
+            assert budget["monthlyMs"] == 3_600_000 and budget["usedMs"] > 0
+            verified = run_cli("audit", "verify", "--json", env=node.client_env())
+            assert json.loads(verified.stdout)["firstBroken"] is None, verified.stdout
+
+
+def test_postgresql_down_is_503_with_retry_after_and_the_node_comes_back(
+    toolchain_dir: Path, tmp_path: Path
+) -> None:
+    cluster = PgCluster()  # a database of its own, to stop and start
+    try:
+        with running_daemon(toolchain_dir, database_url=cluster.new_database(),
+                            node_lease_s="60") as node:  # fmt: skip
+            iid = node.ship(gov_app(tmp_path))["installId"]
+            assert node.run(iid, "echo", {"text": "up"}).status_code == 200
+            cluster.halt()
+            down = node.run(iid, "echo", {"text": "down"})
+            error = envelope(down, 503, "DATABASE_UNAVAILABLE")
+            assert down.headers["Retry-After"] == "5" and "did not answer" in error["message"]
+            assert node.http.get("/readyz").status_code == 503
+            cluster.start()
+            back = node.run(iid, "echo", {"text": "back"})
+            assert back.status_code == 200 and back.json()["output"]["echo"] == "back"
+            store = node.store()
+            runs = store.list_runs(iid)
+            store.close()
+            assert [r.status for r in runs] == ["succeeded", "succeeded"]  # no row for "down"
+    finally:
+        cluster.stop()

@@ -311,6 +311,36 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_copy(args: argparse.Namespace) -> int:
+    """Copy a whole store into a new database (a single node's SQLite file into a
+    cluster's PostgreSQL), then verify the copy's audit chain."""
+    from runnerd.store.copy import copy_store
+
+    source = Store(args.source, migrate=args.source.startswith("sqlite:"))
+    try:
+        target = Store(args.target, migrate=True)
+        try:
+            counts = copy_store(source, target)
+            checked, broken = target.verify_audit()
+            where = target.db.where
+        finally:
+            target.close()
+    finally:
+        source.close()
+    if broken is not None:
+        print(f"runnerd: the copy's audit chain breaks at entry {broken}", file=sys.stderr)
+        return 1
+    return output(
+        args,
+        {"to": where, "rows": counts, "auditEntries": checked},
+        lambda: print(
+            f"copied {sum(counts.values()):,} rows into {where} "
+            f"({counts['runs']:,} runs, {counts['ledger']:,} ledger rows, "
+            f"{checked:,} audit entries, chain intact)"
+        ),
+    )
+
+
 def cmd_backup(args: argparse.Namespace) -> int:
     from runnerd.store.backup import BackupError, backup
 
@@ -470,6 +500,15 @@ def register_admin(
         "migrate", parents=[common], help="bring the database's schema forward (the one step)"
     )
     p.set_defaults(func=cmd_migrate)
+    p = admin.add_parser(
+        "copy", parents=[common],
+        help="copy a whole store into a new database (SQLite into PostgreSQL)",
+    )  # fmt: skip
+    p.add_argument("--from", dest="source", required=True, metavar="URL",
+                   help="sqlite:///PATH or postgresql://…")  # fmt: skip
+    p.add_argument("--to", dest="target", required=True, metavar="URL",
+                   help="an empty database: postgresql://… or sqlite:///PATH")  # fmt: skip
+    p.set_defaults(func=cmd_copy)
     p = admin.add_parser(
         "backup", parents=[common], help="a consistent copy of the store (live or not)"
     )

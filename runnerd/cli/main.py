@@ -17,6 +17,7 @@ from runnerd.cli.admin import register_admin
 from runnerd.cli.client import register_client
 from runnerd.cli.local import register_local
 from runnerd.config import ConfigError
+from runnerd.errors import DatabaseUnavailable
 from runnerd.store.core import StoreUnavailable
 
 __all__ = ["main"]
@@ -71,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"runnerd: {exc}", file=sys.stderr)
         return 2
-    except StoreUnavailable as exc:
+    except (StoreUnavailable, DatabaseUnavailable) as exc:
         print(f"runnerd: {exc}", file=sys.stderr)
         return 1
     return result

@@ -37,7 +37,7 @@ class StoreBase:
         elif isinstance(target, str):
             try:
                 self.db = open_database(target)
-            except ConnectionError as error:
+            except (ConnectionError, ValueError) as error:
                 raise StoreUnavailable(str(error)) from None
         else:
             self.db = target

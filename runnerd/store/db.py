@@ -30,6 +30,8 @@ from typing import Any, Protocol
 
 import sqlite_utils
 
+from runnerd.errors import DatabaseUnavailable
+
 __all__ = ["Database", "PostgresDatabase", "SQLiteDatabase", "open_database", "redact_url"]
 
 # The advisory lock every PostgreSQL write transaction holds ("runnerd" in ASCII).
@@ -53,6 +55,7 @@ class Database(Protocol):
     def insert(self, table: str, row: Mapping[str, Any]) -> None: ...
     def insert_all(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None: ...
     def write(self) -> contextlib.AbstractContextManager[None]: ...
+    def snapshot(self) -> contextlib.AbstractContextManager[None]: ...
     def ddl(self, sql: str) -> None: ...
     def sorted_json_list(self, column: str, table: str, where: str) -> str: ...
     def record_high_water(self, table: str, value: int) -> None: ...
@@ -126,6 +129,15 @@ class SQLiteDatabase:
         else:
             self.utils.execute("COMMIT")
 
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """A read transaction: every read inside sees one moment (WAL), while writers go on."""
+        self.utils.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self.utils.conn.rollback()
+
     def ddl(self, sql: str) -> None:
         self.utils.execute(sql)
 
@@ -148,7 +160,7 @@ class SQLiteDatabase:
         return int(found[0]) if found else None
 
     def table_names(self) -> list[str]:
-        return list(self.utils.table_names())
+        return [name for name in self.utils.table_names() if not name.startswith("sqlite_")]
 
     def get_schema_version(self) -> int:
         return int(self.utils.execute("PRAGMA user_version").fetchone()[0])
@@ -176,6 +188,11 @@ _PG_TYPES = (
 )  # fmt: skip
 
 
+def _unreachable(where: str, error: Exception) -> str:
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"PostgreSQL at {where} did not answer: {first}"
+
+
 class PostgresDatabase:
     """One psycopg 3 connection to a PostgreSQL database shared by every node."""
 
@@ -194,12 +211,14 @@ class PostgresDatabase:
                 return value
 
         self.where = redact_url(url)
-        try:
-            self.conn = psycopg.connect(url, autocommit=True)
-        except psycopg.OperationalError as error:
-            raise ConnectionError(f"cannot reach PostgreSQL at {self.where}: {error}") from None
-        self.conn.adapters.register_loader("numeric", _IntegralNumeric)
+        self._url = url
+        self._psycopg = psycopg
+        self._loader = _IntegralNumeric
         self._dict_row = psycopg.rows.dict_row
+        try:
+            self.conn = self._connect()
+        except DatabaseUnavailable as error:
+            raise ConnectionError(str(error)) from None
         # runnerd's own bookkeeping, beside the migrated schema: its version, and the
         # highest keys ever given out (what SQLite's sqlite_sequence keeps).
         self.execute(
@@ -211,14 +230,38 @@ class PostgresDatabase:
             "value BIGINT NOT NULL)"
         )
 
+    def _connect(self) -> Any:
+        try:
+            conn = self._psycopg.connect(self._url, autocommit=True, connect_timeout=5)
+        except self._psycopg.OperationalError as error:
+            raise DatabaseUnavailable(_unreachable(self.where, error)) from None
+        conn.adapters.register_loader("numeric", self._loader)
+        return conn
+
+    def _live(self) -> Any:
+        """The connection, made again if the last one broke (PostgreSQL restarted)."""
+        if self.conn.closed or self.conn.broken:
+            self.conn = self._connect()
+        return self.conn
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """PostgreSQL not answering becomes DatabaseUnavailable (503, Retry-After)."""
+        try:
+            yield
+        except (self._psycopg.OperationalError, self._psycopg.InterfaceError) as error:
+            raise DatabaseUnavailable(_unreachable(self.where, error)) from None
+
     def execute(self, sql: str, params: Iterable[Any] = ()) -> Cursor:
         values = [_json_value(p) for p in params]
-        return self.conn.execute(_pg_sql(sql), values)
+        with self._guard():
+            return self._live().execute(_pg_sql(sql), values)  # type: ignore[no-any-return]
 
     def query(self, sql: str, params: Iterable[Any] = ()) -> Iterator[dict[str, Any]]:
-        cursor = self.conn.cursor(row_factory=self._dict_row)
-        cursor.execute(_pg_sql(sql), [_json_value(p) for p in params])
-        return iter(cursor.fetchall())
+        with self._guard():
+            cursor = self._live().cursor(row_factory=self._dict_row)
+            cursor.execute(_pg_sql(sql), [_json_value(p) for p in params])
+            return iter(cursor.fetchall())
 
     def insert(self, table: str, row: Mapping[str, Any]) -> None:
         self.insert_all(table, [row])
@@ -232,7 +275,7 @@ class PostgresDatabase:
             f"INSERT INTO {table} ({', '.join(columns)}) "
             f"VALUES ({', '.join('%s' for _ in columns)})"
         )
-        with self.conn.cursor() as cursor:
+        with self._guard(), self._live().cursor() as cursor:
             cursor.executemany(
                 sql,
                 [[_json_value(row[c]) for c in columns] for row in batch],
@@ -242,14 +285,25 @@ class PostgresDatabase:
     def write(self) -> Iterator[None]:
         """A transaction that holds runnerd's write lock, across every node, from its
         first statement: SQLite's BEGIN IMMEDIATE, for a database many nodes share."""
-        with self.conn.transaction():
-            self.conn.execute("SELECT pg_advisory_xact_lock(%s)", [WRITE_LOCK])
+        with self._guard():
+            conn = self._live()
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [WRITE_LOCK])
+                yield
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """A read transaction that sees one moment (REPEATABLE READ)."""
+        self.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
             yield
+        finally:
+            self.execute("ROLLBACK")
 
     def ddl(self, sql: str) -> None:
         for pattern, replacement in _PG_TYPES:
             sql = pattern.sub(replacement, sql)
-        self.conn.execute(sql)
+        self.execute(sql)
 
     def sorted_json_list(self, column: str, table: str, where: str) -> str:
         return (
@@ -260,31 +314,31 @@ class PostgresDatabase:
     def record_high_water(self, table: str, value: int) -> None:
         """Keep the highest key ``table`` ever had, in the caller's transaction (a
         sequence would not roll back with it)."""
-        self.conn.execute(
-            "INSERT INTO runnerd_high_water VALUES (%s, %s) ON CONFLICT (name) DO UPDATE "
+        self.execute(
+            "INSERT INTO runnerd_high_water VALUES (?, ?) ON CONFLICT (name) DO UPDATE "
             "SET value = GREATEST(runnerd_high_water.value, excluded.value)",
             [table, value],
         )
 
     def high_water(self, table: str) -> int | None:
-        found = self.conn.execute(
-            "SELECT value FROM runnerd_high_water WHERE name = %s", [table]
+        found = self.execute(
+            "SELECT value FROM runnerd_high_water WHERE name = ?", [table]
         ).fetchone()
         return int(found[0]) if found else None
 
     def table_names(self) -> list[str]:
-        rows = self.conn.execute(
+        rows = self.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
         ).fetchall()
         return [row[0] for row in rows if not row[0].startswith("runnerd_")]
 
     def get_schema_version(self) -> int:
-        row = self.conn.execute("SELECT version FROM runnerd_schema WHERE id = 1").fetchone()
+        row = self.execute("SELECT version FROM runnerd_schema WHERE id = 1").fetchone()
         return int(row[0]) if row else 0
 
     def set_schema_version(self, version: int) -> None:
-        self.conn.execute(
-            "INSERT INTO runnerd_schema VALUES (1, %s) "
+        self.execute(
+            "INSERT INTO runnerd_schema VALUES (1, ?) "
             "ON CONFLICT (id) DO UPDATE SET version = excluded.version",
             [version],
         )
