@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable
@@ -20,12 +21,14 @@ from typing import Any
 import msgspec
 
 from runnerd.config import Settings
-from runnerd.errors import BudgetExhausted, RunnerdError
+from runnerd.errors import BudgetExhausted, DatabaseUnavailable, RunnerdError
 from runnerd.metrics import METRICS
 from runnerd.run.jail import SandboxUnavailable
 from runnerd.run.runner import CheckedInput, Runner, RunResult, tool_key
 from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord
 from runnerd.vault import Vault
+
+log = logging.getLogger("runnerd")
 
 __all__ = [
     "ApprovalUnavailable",
@@ -214,6 +217,8 @@ class Calls:
     _running: dict[str, asyncio.Future[CallResult]] = field(default_factory=dict)
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)  # runs still going end
+    # Ends of runs the database did not take (PostgreSQL away): written when it is back.
+    _unfinished: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def from_settings(
@@ -383,7 +388,7 @@ class Calls:
             self._running.pop(run_id, None)
             return result
         except BaseException as exc:
-            self.store.finish_run(
+            self._finish_run(
                 run_id,
                 status="failed",
                 duration_ms=0,
@@ -395,7 +400,7 @@ class Calls:
             done.cancel()
             self._running.pop(run_id, None)
             raise
-        self.store.finish_run(
+        self._finish_run(
             run_id,
             status=outcome.status,
             duration_ms=outcome.duration_ms,
@@ -411,6 +416,26 @@ class Calls:
         done.set_result(result)
         self._running.pop(run_id, None)
         return result
+
+    def _finish_run(self, run_id: str, **end: Any) -> None:
+        """End the run's row (store.finish_run). When the database is away, keep the end
+        and write it once the database is back (retry_unfinished): the run happened, its
+        caller gets its result, and its row, ledger and audit entry follow."""
+        try:
+            self.store.finish_run(run_id, **end)
+        except DatabaseUnavailable:
+            log.warning("run %s ended while the database was away; its end is kept", run_id)
+            self._unfinished[run_id] = end
+
+    def retry_unfinished(self) -> int:
+        """Write the ends kept while the database was away; how many are still kept."""
+        for run_id, end in list(self._unfinished.items()):
+            try:
+                self.store.finish_run(run_id, **end)
+            except DatabaseUnavailable:
+                break
+            del self._unfinished[run_id]
+        return len(self._unfinished)
 
     async def _replay(self, who: Who, key: str, fingerprint: str) -> CallResult | None:
         """The first run's result for a repeated key, or None (the key is now claimed)."""

@@ -340,10 +340,20 @@ def test_postgresql_down_is_503_with_retry_after_and_the_node_comes_back(
     cluster = PgCluster()  # a database of its own, to stop and start
     try:
         with running_daemon(toolchain_dir, database_url=cluster.new_database(),
-                            node_lease_s="60") as node:  # fmt: skip
+                            node_lease_s="6") as node:  # fmt: skip
             iid = node.ship(gov_app(tmp_path))["installId"]
             assert node.run(iid, "echo", {"text": "up"}).status_code == 200
+            # A run that ends while the database is away: its caller gets its result, and
+            # its row ends once the database is back.
+            answers: list[httpx.Response] = []
+            slow = threading.Thread(target=lambda: answers.append(
+                node.run(iid, "slow", {"ms": 1500})))  # fmt: skip
+            slow.start()
+            slow_id = _running_run(node, iid)
             cluster.halt()
+            slow.join(timeout=30)
+            assert answers[0].status_code == 200, answers[0].text
+            assert answers[0].json()["output"] == {"slept": 1500}
             down = node.run(iid, "echo", {"text": "down"})
             error = envelope(down, 503, "DATABASE_UNAVAILABLE")
             assert down.headers["Retry-After"] == "5" and "did not answer" in error["message"]
@@ -351,9 +361,16 @@ def test_postgresql_down_is_503_with_retry_after_and_the_node_comes_back(
             cluster.start()
             back = node.run(iid, "echo", {"text": "back"})
             assert back.status_code == 200 and back.json()["output"]["echo"] == "back"
-            store = node.store()
-            runs = store.list_runs(iid)
-            store.close()
-            assert [r.status for r in runs] == ["succeeded", "succeeded"]  # no row for "down"
+            statuses: dict[str, str] = {}
+            for _ in range(100):
+                store = node.store()
+                statuses = {r.id: r.status for r in store.list_runs(iid)}
+                store.close()
+                if statuses.get(slow_id) != "running":
+                    break
+                time.sleep(0.1)
+            assert statuses[slow_id] == "succeeded"
+            # No row for the call refused while the database was away.
+            assert sorted(statuses.values()) == ["succeeded"] * 3, statuses
     finally:
         cluster.stop()

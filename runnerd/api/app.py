@@ -32,6 +32,7 @@ from runnerd.api.routes import OPS
 from runnerd.api.state import AppState
 from runnerd.calls import Calls
 from runnerd.config import Settings
+from runnerd.errors import DatabaseUnavailable
 from runnerd.logs import RequestIds
 from runnerd.run.engine import build_engine
 from runnerd.run.jail import JailKind
@@ -100,11 +101,13 @@ def _hold_data_dir(data_dir: Path) -> IO[str]:
     return handle
 
 
-async def _keep_lease(store: Store, lease_s: float) -> None:
-    """Renew this node's lease, and close the runs of nodes whose lease ran out."""
+async def _keep_lease(store: Store, calls: Calls, lease_s: float) -> None:
+    """Renew this node's lease, close the runs of nodes whose lease ran out, and write
+    the ends of runs that finished while the database was away."""
     while True:
         await asyncio.sleep(lease_s / 3)
         try:
+            calls.retry_unfinished()
             if not store.renew_lease(lease_s):
                 log.error(
                     "this node's lease on the database ran out and another node closed its "
@@ -160,7 +163,6 @@ def create_app(settings: Settings) -> Starlette:
                 "closed %d run(s) left open by the last stop as failed (interrupted)",
                 len(interrupted),
             )
-        leases = asyncio.ensure_future(_keep_lease(store, settings.node_lease_s))
         vault = Vault.from_settings(settings.secrets_key, settings.secrets_key_path)
         foreign = store.secret_key_ids() - {vault.key_id}
         if foreign:  # never seal new secrets under another key than the stored ones'
@@ -183,6 +185,7 @@ def create_app(settings: Settings) -> Starlette:
         gateway.state = app.state.runnerd
         watch(app.state.runnerd)
         expiry = asyncio.ensure_future(_expire_approvals(calls))
+        leases = asyncio.ensure_future(_keep_lease(store, calls, settings.node_lease_s))
         languages = [
             lang
             for lang, runtime in (
@@ -207,7 +210,9 @@ def create_app(settings: Settings) -> Starlette:
             leases.cancel()
             await calls.drain(timeout=30)
             await engine.sandbox.close()
-            store.leave()
+            with contextlib.suppress(DatabaseUnavailable):  # else the lease runs out
+                calls.retry_unfinished()
+                store.leave()
             store.close()
             lock.close()
 
