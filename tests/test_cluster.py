@@ -374,3 +374,18 @@ def test_postgresql_down_is_503_with_retry_after_and_the_node_comes_back(
             assert sorted(statuses.values()) == ["succeeded"] * 3, statuses
     finally:
         cluster.stop()
+
+
+def test_rate_limits_are_per_node(pg: PgCluster, toolchain_dir: Path) -> None:
+    """Each node keeps its own token bucket per key (docs/SCALING.md): a key that spent
+    its burst on one node is still served by the other."""
+    limits = {"rate_limit_per_second": "0.01", "rate_limit_burst": "3", "warm_jails": "0"}
+    with running_daemon(toolchain_dir, database_url=pg.new_database(), **limits) as a, \
+            running_daemon(toolchain_dir, join=a, **limits) as b:  # fmt: skip
+        params = {"workspaceId": a.workspace_id}
+        on_a = [a.call("GET", "/api/v2/apps/tools", a.admin_key, params=params).status_code
+                for _ in range(4)]  # fmt: skip
+        assert on_a == [200, 200, 200, 429], on_a
+        on_b = [b.call("GET", "/api/v2/apps/tools", b.admin_key, params=params).status_code
+                for _ in range(4)]  # fmt: skip
+        assert on_b == [200, 200, 200, 429], on_b
