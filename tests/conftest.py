@@ -80,13 +80,30 @@ def toolchain(toolchain_dir: Path) -> Toolchain:
     return chain
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module with ``BACKENDS = ("sqlite", "postgresql")`` runs its ``daemon`` tests
+    once on each store."""
+    if "backend" in metafunc.fixturenames and hasattr(metafunc.module, "BACKENDS"):
+        metafunc.parametrize("backend", metafunc.module.BACKENDS, indirect=True, scope="module")
+
+
 @pytest.fixture(scope="module")
-def daemon(request: pytest.FixtureRequest, toolchain_dir: Path) -> Iterator[Daemon]:
+def backend(request: pytest.FixtureRequest) -> str:
+    """The store of the module's daemon: "sqlite" unless the module's BACKENDS say more."""
+    return str(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture(scope="module")
+def daemon(request: pytest.FixtureRequest, toolchain_dir: Path, backend: str) -> Iterator[Daemon]:
     """A live ``runnerd serve`` for the module, with the module's ``DAEMON_SETTINGS``
-    (setting name -> value) on top of the defaults."""
+    (setting name -> value) on top of the defaults; on PostgreSQL when the module's
+    ``BACKENDS`` ask for it."""
     from daemon import running_daemon
 
-    with running_daemon(toolchain_dir, **getattr(request.module, "DAEMON_SETTINGS", {})) as d:
+    settings = dict(getattr(request.module, "DAEMON_SETTINGS", {}))
+    if backend == "postgresql":
+        settings["database_url"] = request.getfixturevalue("pg").new_database()
+    with running_daemon(toolchain_dir, **settings) as d:
         yield d
 
 

@@ -15,6 +15,8 @@ from conftest import EXAMPLE, write_app
 from daemon import Daemon, concurrently, envelope, running_daemon
 
 pytestmark = pytest.mark.jail
+# The tests on the module's daemon run on both stores.
+BACKENDS = ("sqlite", "postgresql")
 
 SEED_TOOL_FIELDS = [
     "reference",

@@ -23,6 +23,8 @@ from conftest import RUNNERD, run_cli, write_app
 from daemon import Daemon, concurrently, envelope, running_daemon
 
 pytestmark = pytest.mark.jail
+# The tests on the module's daemon run on both stores.
+BACKENDS = ("sqlite", "postgresql")
 
 MARKER = "zz-marker-Q7vK2pL9"
 
@@ -173,8 +175,13 @@ def test_cli_sets_a_secret_from_stdin_and_the_key_rotates(
     assert key_file.read_text() != before
     run = d.run(install["installId"], "echo", {}).json()
     assert run["output"]["secret_len"] == len(value)  # the daemon reads the rotated key
-    db = (d.data_dir / "runnerd.db").read_bytes()
-    assert value.encode() not in db
+    if "RUNNERD_DATABASE_URL" in d.env:  # PostgreSQL: what the store holds, sealed
+        store = d.store()
+        sealed = store.sealed_secrets(install["installId"])
+        store.close()
+        assert sealed and all(value.encode() not in row[4] for row in sealed)
+    else:
+        assert value.encode() not in (d.data_dir / "runnerd.db").read_bytes()
 
 
 # --- budgets, ledger ----------------------------------------------------------------------------

@@ -26,6 +26,8 @@ GOOD = {
 }
 
 pytestmark = pytest.mark.jail
+# The tests on the module's daemon run on both stores.
+BACKENDS = ("sqlite", "postgresql")
 
 
 @pytest.fixture(scope="module")

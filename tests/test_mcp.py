@@ -20,6 +20,8 @@ from conftest import RUNNERD, AppDir, tool_doc
 from daemon import Daemon
 
 pytestmark = pytest.mark.jail
+# The tests on the module's daemon run on both stores.
+BACKENDS = ("sqlite", "postgresql")
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "deal-desk"
 OFFER = {

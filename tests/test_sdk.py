@@ -20,6 +20,8 @@ from runnerd.run.runtimes import SYSTEM_CA, find_node, npm_cli
 from runnerd.sdk import AppBridgeError, AppClient, AsyncAppClient
 
 pytestmark = pytest.mark.jail
+# The tests on the module's daemon run on both stores.
+BACKENDS = ("sqlite", "postgresql")
 
 REPO = Path(__file__).resolve().parent.parent
 JS_SDK = REPO / "clients" / "js"

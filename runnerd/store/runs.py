@@ -444,7 +444,7 @@ class RunsStore(AuditStore):
             f"""SELECT * FROM (
                     SELECT x.*, ROW_NUMBER() OVER (PARTITION BY x.tool ORDER BY x.id DESC)
                         AS nth
-                    FROM ({_RUN_SQL} WHERE r.install_id = ?) AS x)
+                    FROM ({_RUN_SQL} WHERE r.install_id = ?) AS x) AS ranked
                 WHERE nth <= ? ORDER BY tool, id DESC""",
             [install_id, per_tool],
         )
