@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from runnerd.access import ROLES, SCOPES
 from runnerd.cli.output import output, settings_from_args
-from runnerd.store import Store
+from runnerd.store import DB_FILENAME, Store
 
 if TYPE_CHECKING:
     from runnerd.config import Settings
@@ -316,9 +316,16 @@ def cmd_copy(args: argparse.Namespace) -> int:
     cluster's PostgreSQL), then verify the copy's audit chain."""
     from runnerd.store.copy import copy_store
 
-    source = Store(args.source, migrate=args.source.startswith("sqlite:"))
+    settings = settings_from_args(args)
+    source_url = args.source or f"sqlite:///{settings.data_dir / DB_FILENAME}"
+    target_url = args.target or settings.database_url
+    if not target_url or target_url == source_url:
+        print("runnerd: copy needs a target: --to URL, or the database_url setting",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    source = Store(source_url, migrate=source_url.startswith("sqlite:"))
     try:
-        target = Store(args.target, migrate=True)
+        target = Store(target_url, migrate=True)
         try:
             counts = copy_store(source, target)
             checked, broken = target.verify_audit()
@@ -504,10 +511,11 @@ def register_admin(
         "copy", parents=[common],
         help="copy a whole store into a new database (SQLite into PostgreSQL)",
     )  # fmt: skip
-    p.add_argument("--from", dest="source", required=True, metavar="URL",
-                   help="sqlite:///PATH or postgresql://…")  # fmt: skip
-    p.add_argument("--to", dest="target", required=True, metavar="URL",
-                   help="an empty database: postgresql://… or sqlite:///PATH")  # fmt: skip
+    p.add_argument("--from", dest="source", metavar="URL",
+                   help="sqlite:///PATH or postgresql://… (default: the data dir's)")  # fmt: skip
+    p.add_argument("--to", dest="target", metavar="URL",
+                   help="an empty database (default: the database_url setting, which keeps "
+                        "a password off the command line)")  # fmt: skip
     p.set_defaults(func=cmd_copy)
     p = admin.add_parser(
         "backup", parents=[common], help="a consistent copy of the store (live or not)"
