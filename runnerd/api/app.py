@@ -153,6 +153,15 @@ def create_app(settings: Settings) -> Starlette:
                 settings.data_dir,
                 settings.data_dir,
             )
+        vault = Vault.from_settings(settings.secrets_key, settings.secrets_key_path)
+        foreign = store.secret_key_ids() - {vault.key_id}
+        if foreign:  # never seal new secrets under another key than the stored ones'
+            store.close()
+            raise SystemExit(
+                f"runnerd: the secrets in {store.db.where} are sealed with key "
+                f"{', '.join(sorted(foreign))}, and this node's secrets key is {vault.key_id}: "
+                "give every node the same key (secrets_key or secrets_key_file)"
+            )
         # One node per SQLite file (the data dir's lock): whatever it left running is over.
         # On PostgreSQL, other nodes may be running theirs: only lost nodes' runs close.
         interrupted = store.recover_interrupted() if store.db.dialect == "sqlite" else []
@@ -162,15 +171,6 @@ def create_app(settings: Settings) -> Starlette:
             log.warning(
                 "closed %d run(s) left open by the last stop as failed (interrupted)",
                 len(interrupted),
-            )
-        vault = Vault.from_settings(settings.secrets_key, settings.secrets_key_path)
-        foreign = store.secret_key_ids() - {vault.key_id}
-        if foreign:  # never seal new secrets under another key than the stored ones'
-            store.close()
-            raise SystemExit(
-                f"runnerd: the secrets in {store.db.where} are sealed with key "
-                f"{', '.join(sorted(foreign))}, and this node's secrets key is {vault.key_id}: "
-                "give every node the same key (secrets_key or secrets_key_file)"
             )
         calls = Calls.from_settings(settings, store=store, runner=engine.runner, vault=vault)
         app.state.runnerd = AppState(
