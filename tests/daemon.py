@@ -125,6 +125,16 @@ class Daemon:
         merged = {**(headers or {}), **({"X-API-Key": key} if key else {})}
         return self.http.request(method, path, headers=merged, **kw)
 
+    def ended_run(self, run_id: str, key: str | None = None, within_s: float = 10) -> Any:
+        """GET /api/v2/runs/{id} until the run is no longer running (or ``within_s``
+        passes); the last answer."""
+        deadline = time.monotonic() + within_s
+        while True:
+            detail = self.call("GET", f"/api/v2/runs/{run_id}", key or self.admin_key).json()
+            if detail["run"]["status"] != "running" or time.monotonic() > deadline:
+                return detail
+            time.sleep(0.05)
+
     def deploy(self, app_dir: Path, key: str | None = None) -> httpx.Response:
         files = {p: base64.b64encode(d).decode() for p, d in read_app_dir(app_dir).items()}
         return self.call(

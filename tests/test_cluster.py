@@ -131,12 +131,7 @@ def test_asked_on_one_node_approved_on_the_other_runs_once(
     )
     assert sorted(r.status_code for r in decisions) == [200, 409], [r.text for r in decisions]
     run_id = next(r for r in decisions if r.status_code == 200).json()["runId"]
-    detail: dict[str, Any] = {}
-    for _ in range(200):
-        detail = a.call("GET", f"/api/v2/runs/{run_id}", asker).json()
-        if detail["run"]["status"] != "running":
-            break
-        time.sleep(0.05)
+    detail = a.ended_run(run_id, asker)
     assert detail["run"]["status"] == "succeeded" and detail["output"] == {"sent": "bob"}
     store = a.store()
     try:
@@ -191,13 +186,7 @@ def test_a_killed_node_s_runs_are_closed_by_the_survivor(
         run_id = _running_run(a, iid)
         os.kill(doomed.proc.pid, signal.SIGKILL)
         call.join(timeout=30)
-    detail: dict[str, Any] = {}
-    deadline = time.monotonic() + 4 * float(LEASE_S) + 5
-    while time.monotonic() < deadline:
-        detail = a.call("GET", f"/api/v2/runs/{run_id}", a.admin_key).json()
-        if detail["run"]["status"] != "running":
-            break
-        time.sleep(0.2)
+    detail = a.ended_run(run_id, within_s=4 * float(LEASE_S) + 5)
     assert detail["run"]["status"] == "failed", detail
     assert detail["run"]["errorKind"] == "interrupted", detail
     budget = a.call("GET", f"/api/v2/apps/installs/{iid}/budget", a.admin_key).json()

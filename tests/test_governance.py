@@ -386,12 +386,7 @@ def test_write_tool_from_chat_waits_for_the_person_who_asked(
         409,
         "APPROVAL_NOT_PENDING",
     )  # one approval releases exactly one run
-    detail: dict[str, Any] = {}
-    for _ in range(100):
-        detail = d.call("GET", f"/api/v2/runs/{approved['runId']}", asker).json()
-        if detail["run"]["status"] != "running":
-            break
-        time.sleep(0.05)
+    detail = d.ended_run(approved["runId"], asker)
     assert detail["run"]["status"] == "succeeded" and detail["output"] == {"sent": "bob"}
     assert detail["run"]["approvalId"] == body["approvalId"]
     assert detail["run"]["surface"] == "chat"
