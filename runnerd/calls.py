@@ -25,7 +25,7 @@ from runnerd.errors import BudgetExhausted, DatabaseUnavailable, RunnerdError
 from runnerd.metrics import METRICS
 from runnerd.run.jail import SandboxUnavailable
 from runnerd.run.runner import CheckedInput, Runner, RunResult, tool_key
-from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord
+from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord, new_id
 from runnerd.vault import Vault
 
 log = logging.getLogger("runnerd")
@@ -239,16 +239,20 @@ class Calls:
 
     # --- the call ---------------------------------------------------------------------------
 
-    def tool(self, install: InstallRecord, name: str, version_id: str | None = None) -> ToolRecord:
-        tool = self.store.get_tool(version_id or install.version_id, name)
+    async def tool(
+        self, install: InstallRecord, name: str, version_id: str | None = None
+    ) -> ToolRecord:
+        tool = await self.store.io(self.store.get_tool, version_id or install.version_id, name)
         if tool is None:
             raise ToolNotFound(f"the installed version has no tool {name!r}")
         return tool
 
-    def secrets_of(self, install_id: str) -> dict[str, str]:
+    async def secrets_of(self, install_id: str) -> dict[str, str]:
         return {
             name: self.vault.open(iid, name, kid, nonce, ct)
-            for iid, name, kid, nonce, ct in self.store.sealed_secrets(install_id)
+            for iid, name, kid, nonce, ct in await self.store.io(
+                self.store.sealed_secrets, install_id
+            )
         }
 
     async def call(
@@ -265,7 +269,7 @@ class Calls:
         """Check, then run (or hold for approval). Raises ToolNotFound, InputRejected,
         BudgetExhausted or IdempotencyConflict before any sandbox starts."""
         version_id = install.version_id  # resolved once: a later switch does not touch it
-        tool = self.tool(install, tool_name, version_id)
+        tool = await self.tool(install, tool_name, version_id)
         checked = await self.runner.check_input(tool, value, key=tool_key(tool, version_id))
         fingerprint = request_hash(install.id, version_id, tool.name, value)
         if idempotency_key is not None:
@@ -274,8 +278,9 @@ class Calls:
                 return replay
         try:
             if tool.effect == "write" and surface in APPROVAL_SURFACES:
-                self._require_budget(install.id)  # no one should approve what cannot run
-                approval = self.store.create_approval(
+                await self._require_budget(install.id)  # no one should approve what cannot run
+                approval = await self.store.io(
+                    self.store.create_approval,
                     workspace_id=install.workspace_id,
                     install_id=install.id,
                     version_id=version_id,
@@ -287,7 +292,7 @@ class Calls:
                 )
                 self._held[approval.id] = _Held(value, checked, who, workflow_run_id)
                 if idempotency_key is not None:
-                    self.store.settle_idempotency_key(who.user_id, idempotency_key, None)
+                    await self._release(who, idempotency_key)
                 return Pending(approval.id, approval.expires_at)
             result = await self._run(
                 install,
@@ -302,7 +307,7 @@ class Calls:
             )
         except BaseException:
             if idempotency_key is not None:
-                self.store.settle_idempotency_key(who.user_id, idempotency_key, None)
+                await self._release(who, idempotency_key)
             raise
         return result
 
@@ -322,14 +327,17 @@ class Calls:
         """Wait for a run slot (or RunQueueFull), admit the run against the budget (its
         row and reservation), then execute it."""
         async with self.gate.admit():
-            run_id = self._start_run(install, tool, who, surface, version_id, workflow_run_id)
-            if idempotency_key is not None:
-                self.store.settle_idempotency_key(who.user_id, idempotency_key, run_id)
+            run_id = await self._start_run(
+                install, tool, who, surface, version_id, workflow_run_id, key=idempotency_key
+            )
             return await self._execute(
                 run_id, install, tool, value, version_id, who.key_id, checked, surface
             )
 
-    def _start_run(
+    async def _release(self, who: Who, key: str) -> None:
+        await self.store.io(self.store.release_idempotency_key, who.user_id, key)
+
+    async def _start_run(
         self,
         install: InstallRecord,
         tool: ToolRecord,
@@ -338,19 +346,31 @@ class Calls:
         version_id: str,
         workflow_run_id: str | None,
         approval_id: str | None = None,
+        key: str | None = None,
     ) -> str:
-        """The one place a run starts: its row, and its reservation against the budget
-        (BudgetExhausted when the month is spent). From then on the run always ends."""
-        return self.store.start_run(
-            install=install,
-            tool=tool.name,
-            user_id=who.user_id,
-            surface=surface,
-            timeout_ms=tool.timeout_ms,
-            version_id=version_id,
-            workflow_run_id=workflow_run_id,
-            approval_id=approval_id,
-        )
+        """The one place a run starts: its row, its reservation against the budget
+        (BudgetExhausted when the month is spent), and the approval or idempotency key
+        that released it, in one transaction. From then on the run always ends: a caller
+        cancelled while the row was written leaves it ended as interrupted."""
+        run_id = new_id("run")
+        try:
+            await self.store.io(
+                self.store.start_run,
+                install=install,
+                tool=tool.name,
+                user_id=who.user_id,
+                surface=surface,
+                timeout_ms=tool.timeout_ms,
+                version_id=version_id,
+                workflow_run_id=workflow_run_id,
+                approval_id=approval_id,
+                run_id=run_id,
+                idempotency=(who.user_id, key) if key is not None else None,
+            )
+        except asyncio.CancelledError:
+            await self.store.io(self.store.interrupt_runs, [run_id])
+            raise
+        return run_id
 
     async def _execute(
         self,
@@ -374,7 +394,7 @@ class Calls:
                     tool,
                     value,
                     checked=checked,
-                    secrets=self.secrets_of(install.id),
+                    secrets=await self.secrets_of(install.id),
                     version_id=version_id,
                     egress=install.egress,
                     logs=False,
@@ -388,7 +408,7 @@ class Calls:
             self._running.pop(run_id, None)
             return result
         except BaseException as exc:
-            self._finish_run(
+            await self._finish_run(
                 run_id,
                 status="failed",
                 duration_ms=0,
@@ -400,7 +420,7 @@ class Calls:
             done.cancel()
             self._running.pop(run_id, None)
             raise
-        self._finish_run(
+        await self._finish_run(
             run_id,
             status=outcome.status,
             duration_ms=outcome.duration_ms,
@@ -417,21 +437,21 @@ class Calls:
         self._running.pop(run_id, None)
         return result
 
-    def _finish_run(self, run_id: str, **end: Any) -> None:
+    async def _finish_run(self, run_id: str, **end: Any) -> None:
         """End the run's row (store.finish_run). When the database is away, keep the end
         and write it once the database is back (retry_unfinished): the run happened, its
         caller gets its result, and its row, ledger and audit entry follow."""
         try:
-            self.store.finish_run(run_id, **end)
+            await self.store.io(self.store.finish_run, run_id, **end)
         except DatabaseUnavailable:
             log.warning("run %s ended while the database was away; its end is kept", run_id)
             self._unfinished[run_id] = end
 
-    def retry_unfinished(self) -> int:
+    async def retry_unfinished(self) -> int:
         """Write the ends kept while the database was away; how many are still kept."""
         for run_id, end in list(self._unfinished.items()):
             try:
-                self.store.finish_run(run_id, **end)
+                await self.store.io(self.store.finish_run, run_id, **end)
             except DatabaseUnavailable:
                 break
             del self._unfinished[run_id]
@@ -439,9 +459,8 @@ class Calls:
 
     async def _replay(self, who: Who, key: str, fingerprint: str) -> CallResult | None:
         """The first run's result for a repeated key, or None (the key is now claimed)."""
-        found = self.store.claim_idempotency_key(
-            who.user_id, key, fingerprint, self.idempotency_ttl_s
-        )
+        claim = self.store.claim_idempotency_key
+        found = await self.store.io(claim, who.user_id, key, fingerprint, self.idempotency_ttl_s)
         if found is None:
             return None
         first_hash, run_id = found
@@ -452,8 +471,8 @@ class Calls:
         deadline = time.monotonic() + 330
         while run_id is None and time.monotonic() < deadline:  # the first call is starting
             await asyncio.sleep(0.02)
-            again = self.store.claim_idempotency_key(
-                who.user_id, key, fingerprint, self.idempotency_ttl_s
+            again = await self.store.io(
+                claim, who.user_id, key, fingerprint, self.idempotency_ttl_s
             )
             run_id = again[1] if again else None
             if again is None:  # the first call was refused and released the key
@@ -466,10 +485,10 @@ class Calls:
         """The runs in their jails now."""
         return list(self._running)
 
-    def interrupt(self, run_ids: list[str]) -> list[str]:
+    async def interrupt(self, run_ids: list[str]) -> list[str]:
         """End runs that cannot finish (the daemon is stopping): failed, interrupted,
         with their rows, as a restart would end them; their callers are answered so."""
-        ended = self.store.interrupt_runs(run_ids)
+        ended = await self.store.io(self.store.interrupt_runs, run_ids)
         self._stopped.set()
         return ended
 
@@ -495,33 +514,33 @@ class Calls:
             running = self._running.get(run_id)
             if running is not None:
                 return await asyncio.shield(running)
-            found = self.recorded(run_id)
+            found = await self.recorded(run_id)
             if found.status != "running" or time.monotonic() > deadline:
                 return found
             await asyncio.sleep(0.01)
 
-    def recorded(self, run_id: str) -> CallResult:
+    async def recorded(self, run_id: str) -> CallResult:
         """A finished run's result: from memory when still there, else its record (the
         output and error are never stored, so they are null then)."""
         cached = self.results.get(run_id)
         if cached is not None:
             return cached
-        row = self.store.get_run(run_id)
+        row = await self.store.io(self.store.get_run, run_id)
         assert row is not None
         return CallResult(run_id, row.status, None, None, row.duration_ms or 0)
 
     # --- approvals --------------------------------------------------------------------------
 
-    def may_decide(self, approval: ApprovalRow, user_id: str) -> bool:
+    async def may_decide(self, approval: ApprovalRow, user_id: str) -> bool:
         """From chat, the person who asked decides; from a relay, an approver (or admin)."""
         if approval.surface == "chat":
             return approval.requested_by == user_id
-        member = self.store.membership(approval.workspace_id, user_id)
+        member = await self.store.io(self.store.membership, approval.workspace_id, user_id)
         return member is not None and (member.approver or member.role == "admin")
 
-    def _require_budget(self, install_id: str) -> None:
+    async def _require_budget(self, install_id: str) -> None:
         """BudgetExhausted if the install's month is spent (counting reservations)."""
-        budget = self.store.budget(install_id)
+        budget = await self.store.io(self.store.budget, install_id)
         if budget.monthly_ms is not None and (
             budget.used_ms + budget.reserved_ms >= budget.monthly_ms
         ):
@@ -529,10 +548,10 @@ class Calls:
 
     async def decide(self, approval_id: str, *, approve: bool, who: Who) -> ApprovalRow:
         """Approve (which releases exactly one run, started now) or deny an approval."""
-        approval = self.store.get_approval(approval_id)
+        approval = await self.store.io(self.store.get_approval, approval_id)
         if approval is None:
             raise ApprovalUnavailable("APPROVAL_NOT_FOUND", "no such approval")
-        if not self.may_decide(approval, who.user_id):
+        if not await self.may_decide(approval, who.user_id):
             raise ApprovalUnavailable(
                 "NOT_AN_APPROVER",
                 "from chat only the person who asked decides; from a relay, an approver",
@@ -545,12 +564,16 @@ class Calls:
                     "the daemon restarted since the call was made, and calls waiting for "
                     "approval are kept in memory only: make the call again",
                 )
-            self._require_budget(approval.install_id)
-        decided = self.store.decide_approval(
-            approval_id, approve=approve, user_id=who.user_id, key_id=who.key_id
+            await self._require_budget(approval.install_id)
+        decided = await self.store.io(
+            self.store.decide_approval,
+            approval_id,
+            approve=approve,
+            user_id=who.user_id,
+            key_id=who.key_id,
         )
         if decided is None:
-            current = self.store.get_approval(approval_id)
+            current = await self.store.io(self.store.get_approval, approval_id)
             status = current.status if current else "missing"
             raise ApprovalUnavailable("APPROVAL_NOT_PENDING", f"the approval is {status}")
         held = self._held.pop(approval_id, None)
@@ -558,10 +581,10 @@ class Calls:
             return decided
         if held is None:  # only the winner of two racing approvals finds the input
             raise ApprovalUnavailable("APPROVAL_NOT_PENDING", "the approval was just decided")
-        install = self.store.get_install(decided.install_id)
+        install = await self.store.io(self.store.get_install, decided.install_id)
         assert install is not None
-        tool = self.tool(install, decided.tool, decided.version_id)
-        run_id = self._start_run(
+        tool = await self.tool(install, decided.tool, decided.version_id)
+        run_id = await self._start_run(
             install,
             tool,
             held.who,
@@ -570,11 +593,10 @@ class Calls:
             held.workflow_run_id,
             approval_id=approval_id,
         )
-        self.store.attach_run(approval_id, run_id)
         task = asyncio.ensure_future(self._approved_run(run_id, install, tool, held, decided))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        found = self.store.get_approval(approval_id)
+        found = await self.store.io(self.store.get_approval, approval_id)
         assert found is not None
         return found
 
@@ -600,9 +622,9 @@ class Calls:
                     approval.surface,
                 )
 
-    def expire(self) -> list[str]:
+    async def expire(self) -> list[str]:
         """Expire approvals past their time, and forget their held inputs."""
-        expired = self.store.expire_approvals()
+        expired = await self.store.io(self.store.expire_approvals)
         for approval_id in expired:
             self._held.pop(approval_id, None)
         return expired

@@ -32,6 +32,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # "postgresql://user:password@host:port/db", shared by any number of nodes
     # (docs/SCALING.md; needs `pip install 'runnerd[postgres]'`).
     database_url: str | None = None
+    # PostgreSQL only: connections (and worker threads for store work) per node.
+    database_connections: int = C.DB_THREADS
     host: str = C.DEFAULT_HOST
     port: int = C.DEFAULT_PORT
     # Node.js that runs JS/TS tools and the upload checks: a path, or a name on PATH.
@@ -200,6 +202,10 @@ def load_settings(
         raise ConfigError(
             f"invalid setting database_url: {redact_url(settings.database_url)!r} "
             "(sqlite:///PATH or postgresql://user:password@host:port/db)"
+        )
+    if not 1 <= settings.database_connections <= 1000:
+        raise ConfigError(
+            f"invalid setting database_connections: {settings.database_connections} (1 to 1000)"
         )
     if settings.log_format not in ("text", "json"):
         raise ConfigError(f"invalid setting log_format: {settings.log_format!r} (text or json)")

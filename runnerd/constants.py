@@ -48,6 +48,14 @@ MAX_ERROR_CHARS: Final = 8 * KB
 # runnerd: a run's stdout and stderr kept (for builders: `tool test`); the rest is dropped.
 MAX_LOG_BYTES: Final = 64 * KB
 
+# --- The store ------------------------------------------------------------------------------
+
+# runnerd: worker threads (and so PostgreSQL connections) per node for store work, unless
+# the database_connections setting says otherwise. A run
+# needs two short transactions; 8 keep up with a 2-core node's jails with room for the
+# API, and stay far below PostgreSQL's default of 100 connections for a dozen nodes.
+DB_THREADS: Final = 8
+
 # --- Where the daemon listens and keeps its data, unless configured ---------------------------
 
 DEFAULT_HOST: Final = "127.0.0.1"

@@ -24,6 +24,7 @@ from test_governance import gov_app
 from conftest import RUNNERD, run_cli, write_app
 from daemon import Daemon, envelope, free_port, running_daemon
 from runnerd.store import MIGRATIONS
+from runnerd.store.db import WRITE_LOCK
 
 pytestmark = pytest.mark.jail
 
@@ -170,6 +171,47 @@ def test_the_audit_chain_verifies_after_writes_from_both_nodes(
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert report["firstBroken"] is None and report["entries"] > 12, report
+
+
+def test_a_node_keeps_answering_while_its_writes_wait_for_the_database(
+    nodes: tuple[Daemon, Daemon, dict[str, Any]],
+) -> None:
+    """On PostgreSQL, store work runs off the event loop: while another session holds
+    the cluster's write lock, two calls wait for it inside the database, and the node
+    still answers health checks and reads. Once the lock is free, both calls run."""
+    a, _, install = nodes
+    iid = install["installId"]
+    answers: list[httpx.Response] = []
+    calls = [
+        threading.Thread(target=lambda: answers.append(a.run(iid, "echo", {"text": "later"})))
+        for _ in range(2)
+    ]
+    waiting_sql = (  # node A's connections waiting for the write lock
+        "SELECT count(*) FROM pg_locks JOIN pg_stat_activity USING (pid) "
+        "WHERE locktype = 'advisory' AND NOT granted AND application_name LIKE %s"
+    )
+    node_a = [f"runnerd % {a.proc.pid}"]
+    with psycopg.connect(a.env["RUNNERD_DATABASE_URL"], autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", [WRITE_LOCK])
+        for call in calls:
+            call.start()
+        waiting = 0
+        for _ in range(200):  # both calls reach the lock: the loop took the second one
+            waiting = holder.execute(waiting_sql, node_a).fetchone()[0]  # type: ignore[index]
+            if waiting >= 2:
+                break
+            time.sleep(0.05)
+        assert waiting >= 2, waiting
+        quick = httpx.Client(base_url=a.url, timeout=5)
+        assert quick.get("/healthz").status_code == 200
+        tools = quick.get("/api/v2/apps/tools", headers={"X-API-Key": a.admin_key},
+                          params={"workspaceId": a.workspace_id})  # fmt: skip
+        assert tools.status_code == 200 and tools.json()["data"], tools.text
+        assert answers == []  # still waiting for the lock
+        holder.execute("SELECT pg_advisory_unlock(%s)", [WRITE_LOCK])
+    for call in calls:
+        call.join(timeout=30)
+    assert [(r.status_code, r.json()["output"]["echo"]) for r in answers] == [(200, "later")] * 2
 
 
 def test_a_killed_node_s_runs_are_closed_by_the_survivor(

@@ -30,3 +30,11 @@ def test_config_file_from_env_and_bad_values_are_named(tmp_path: Path) -> None:
     config.write_text("port = \n")
     with pytest.raises(ConfigError, match=str(config)):
         load_settings(config_file=config, env={})
+
+
+def test_database_settings_are_checked_and_named() -> None:
+    assert load_settings(env={}).database_connections == 8
+    with pytest.raises(ConfigError, match="database_connections: 0"):
+        load_settings(env={"RUNNERD_DATABASE_CONNECTIONS": "0"})
+    with pytest.raises(ConfigError, match=r"database_url: 'mysql://u:\*\*\*@h/db'"):
+        load_settings(env={"RUNNERD_DATABASE_URL": "mysql://u:secret@h/db"})

@@ -3,7 +3,9 @@ version strings."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -158,8 +160,23 @@ def test_a_run_lifecycle_on_each_backend(
     ]
     store.set_budget(install.id, 1000, alice.id, workspace_id=ws.id)
 
+    approval = store.create_approval(
+        workspace_id=ws.id, install_id=install.id, version_id=version.id, tool="t",
+        input_hash="h", surface="chat", requested_by=alice.id, ttl_s=60,
+    )  # fmt: skip
+    assert store.pending_approvals() == 1
+    decided = store.decide_approval(approval.id, approve=True, user_id=alice.id)
+    assert decided is not None and decided.status == "approved"
+    assert store.decide_approval(approval.id, approve=False, user_id=alice.id) is None
+    assert store.claim_idempotency_key(alice.id, "k", "hash", 3600) is None
+    assert store.claim_idempotency_key(alice.id, "k", "hash", 3600) == ("hash", None)
+
+    # The run the approval released, claimed by key "k": both learn its id as it starts.
     first = store.start_run(install=install, tool="t", user_id=alice.id, surface="api",
-                            timeout_ms=600)  # fmt: skip
+                            timeout_ms=600, approval_id=approval.id,
+                            idempotency=(alice.id, "k"))  # fmt: skip
+    assert store.claim_idempotency_key(alice.id, "k", "hash", 3600) == ("hash", first)
+    assert store.get_approval(approval.id).run_id == first  # type: ignore[union-attr]
     assert store.budget(install.id).reserved_ms == 600
     store.finish_run(first, status="succeeded", duration_ms=400)
     store.finish_run(first, status="failed", duration_ms=9)  # a second end changes nothing
@@ -176,19 +193,10 @@ def test_a_run_lifecycle_on_each_backend(
     assert [(day["succeeded"], day["timed_out"], day["sandbox_ms"])
             for day in store.usage_by_day(install.id, 1)] == [(1, 1, 1100)]  # fmt: skip
 
-    approval = store.create_approval(
-        workspace_id=ws.id, install_id=install.id, version_id=version.id, tool="t",
-        input_hash="h", surface="chat", requested_by=alice.id, ttl_s=60,
-    )  # fmt: skip
-    assert store.pending_approvals() == 1
-    decided = store.decide_approval(approval.id, approve=True, user_id=alice.id)
-    assert decided is not None and decided.status == "approved"
-    assert store.decide_approval(approval.id, approve=False, user_id=alice.id) is None
-
-    assert store.claim_idempotency_key(alice.id, "k", "hash", 3600) is None
-    assert store.claim_idempotency_key(alice.id, "k", "hash", 3600) == ("hash", None)
-    store.settle_idempotency_key(alice.id, "k", first)
-    assert store.claim_idempotency_key(alice.id, "k", "hash", 3600) == ("hash", first)
+    # A key whose call was refused before its run started is released for a retry.
+    assert store.claim_idempotency_key(alice.id, "k2", "hash", 3600) is None
+    store.release_idempotency_key(alice.id, "k2")
+    assert store.claim_idempotency_key(alice.id, "k2", "hash", 3600) is None
 
     token = store.create_login_link(alice.id, ttl_s=60)
     assert store.use_login_link(token) == alice.id
@@ -205,3 +213,32 @@ def test_a_run_lifecycle_on_each_backend(
     # Deleting the newest entry leaves no later row to break; the chain still knows.
     store.db.execute("DELETE FROM audit WHERE seq = ?", [entries])
     assert store.verify_audit() == (entries - 1, entries)
+
+
+def test_store_work_leaves_the_event_loop_only_on_postgresql(store: Store) -> None:
+    """``io``: inline on SQLite; on PostgreSQL a worker thread with its own connection,
+    and a caller cancelled meanwhile is cancelled only once the work has finished."""
+
+    async def main() -> None:
+        ran_on = await store.io(threading.get_ident)
+        if store.db.dialect == "sqlite":
+            assert ran_on == threading.get_ident()
+            return
+        assert ran_on != threading.get_ident()
+        finished = threading.Event()
+
+        def slow_write() -> None:
+            with store.db.write():
+                store.db.execute("SELECT pg_sleep(0.3)")
+            finished.set()
+
+        task = asyncio.ensure_future(store.io(slow_write))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert finished.is_set()
+        # The worker's own connection is clean afterwards: a write transaction works.
+        await store.io(store.create_workspace, "After")
+
+    asyncio.run(main())

@@ -107,14 +107,14 @@ async def _keep_lease(store: Store, calls: Calls, lease_s: float) -> None:
     while True:
         await asyncio.sleep(lease_s / 3)
         try:
-            calls.retry_unfinished()
-            if not store.renew_lease(lease_s):
+            await calls.retry_unfinished()
+            if not await store.io(store.renew_lease, lease_s):
                 log.error(
                     "this node's lease on the database ran out and another node closed its "
                     "runs; results of runs still going here will not be recorded"
                 )
-                store.join(socket.gethostname(), os.getpid(), __version__, lease_s)
-            closed = store.recover_lost_nodes()
+                await store.io(store.join, socket.gethostname(), os.getpid(), __version__, lease_s)
+            closed = await store.io(store.recover_lost_nodes)
             if closed:
                 log.warning("closed %d run(s) of a node that stopped answering", len(closed))
         except Exception as exc:
@@ -126,7 +126,7 @@ async def _expire_approvals(calls: Calls) -> None:
     while True:
         await asyncio.sleep(5)
         try:
-            calls.expire()
+            await calls.expire()
         except Exception as exc:
             log.error("approval expiry failed: %s", type(exc).__name__)
 
@@ -211,8 +211,8 @@ def create_app(settings: Settings) -> Starlette:
             await calls.drain(timeout=30)
             await engine.sandbox.close()
             with contextlib.suppress(DatabaseUnavailable):  # else the lease runs out
-                calls.retry_unfinished()
-                store.leave()
+                await calls.retry_unfinished()
+                await store.io(store.leave)
             store.close()
             lock.close()
 

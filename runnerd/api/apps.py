@@ -104,8 +104,8 @@ def _published_version(store: Store, slug: str, version: str) -> VersionRecord:
 async def deploy(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
-    caller = caller_of(request, state, "apps:write")
-    caller.member(state.store, workspace_id, role="builder")
+    caller = await caller_of(request, state, "apps:write")
+    await caller.member(state.store, workspace_id, role="builder")
     body = await read_body(request, DeployBody, DEPLOY_LIMIT)
     engine = state.engine
 
@@ -120,9 +120,9 @@ async def deploy(request: Request, state: AppState) -> Response:
 
     # Decoding, compiling, checking and building package envs: off the event loop.
     bundle = await asyncio.to_thread(check)
-    existing = state.store.get_app(bundle.manifest.slug)
+    existing = await state.store.io(state.store.get_app, bundle.manifest.slug)
     if existing is not None:
-        _owned_app(state.store, existing.slug, workspace_id)
+        await state.store.io(_owned_app, state.store, existing.slug, workspace_id)
 
     def store() -> VersionRecord:
         # Tens of MB of code in one transaction: in a thread, on a connection of its own
@@ -137,18 +137,22 @@ async def deploy(request: Request, state: AppState) -> Response:
 
     version = await asyncio.to_thread(store)
     warnings = [Problem(file=w.file, message=w.message, line=w.line) for w in bundle.warnings]
-    return json_response(
-        DeployResult(version=_version_info(state.store, version), warnings=warnings), status=201
-    )
+    info = await state.store.io(_version_info, state.store, version)
+    return json_response(DeployResult(version=info, warnings=warnings), status=201)
 
 
 async def list_apps(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
-    caller = caller_of(request, state, "api:read")
-    caller.member(state.store, workspace_id, role="viewer")
-    store = state.store
-    data = [
+    caller = await caller_of(request, state, "api:read")
+    await caller.member(state.store, workspace_id, role="viewer")
+    data = await state.store.io(_app_infos, state.store, workspace_id)
+    return json_response(AppList(data=[a for a in data if a.versions]))
+
+
+def _app_infos(store: Store, workspace_id: str) -> list[AppInfo]:
+    """Every app with the versions ``workspace_id`` sees: its own, and published ones."""
+    return [
         AppInfo(
             app_id=a.id,
             app_slug=a.slug,
@@ -162,41 +166,53 @@ async def list_apps(request: Request, state: AppState) -> Response:
         )
         for a in store.list_apps()
     ]
-    return json_response(AppList(data=[a for a in data if a.versions]))
 
 
 async def publish(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
-    caller = caller_of(request, state, "apps:write")
-    caller.member(state.store, workspace_id, role="builder")
-    app = _owned_app(state.store, request.path_params["appSlug"], workspace_id)
-    version = state.store.find_version(app.id, request.path_params["version"])
+    caller = await caller_of(request, state, "apps:write")
+    await caller.member(state.store, workspace_id, role="builder")
+    app = await state.store.io(
+        _owned_app, state.store, request.path_params["appSlug"], workspace_id
+    )
+    version = await state.store.io(state.store.find_version, app.id, request.path_params["version"])
     if version is None:
         raise ApiError("NOT_FOUND", "No such version", details={"code": "VERSION_NOT_FOUND"})
-    state.store.publish(version.id, caller.user_id, workspace_id=workspace_id, key_id=caller.key.id)
-    return json_response(_version_info(state.store, version))
+    await state.store.io(
+        state.store.publish,
+        version.id,
+        caller.user_id,
+        workspace_id=workspace_id,
+        key_id=caller.key.id,
+    )
+    return json_response(await state.store.io(_version_info, state.store, version))
 
 
 async def list_installs(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
-    caller = caller_of(request, state, "api:read")
-    caller.member(state.store, workspace_id, role="viewer")
-    installs = state.store.list_installs(workspace_id)
+    caller = await caller_of(request, state, "api:read")
+    await caller.member(state.store, workspace_id, role="viewer")
+    installs = await state.store.io(state.store.list_installs, workspace_id)
     return json_response(InstallList(data=[_install_info(i) for i in installs]))
 
 
 async def create_install(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
-    caller = caller_of(request, state, "apps:write")
+    caller = await caller_of(request, state, "apps:write")
     user_id = caller.need_person()
-    caller.member(state.store, workspace_id, role="admin")
+    await caller.member(state.store, workspace_id, role="admin")
     body = await read_body(request, InstallBody, SMALL_BODY)
-    version = _published_version(state.store, body.app_slug, body.version)
-    install = state.store.create_install(
-        workspace_id, version.app_id, version.id, user_id, key_id=caller.key.id
+    version = await state.store.io(_published_version, state.store, body.app_slug, body.version)
+    install = await state.store.io(
+        state.store.create_install,
+        workspace_id,
+        version.app_id,
+        version.id,
+        user_id,
+        key_id=caller.key.id,
     )
     await _tools_changed(state)
     return json_response(_install_info(install), status=201)
@@ -209,19 +225,25 @@ async def _tools_changed(state: AppState) -> None:
 
 
 async def switch_install(request: Request, state: AppState) -> Response:
-    install, caller = install_for(request, state)
+    install, caller = await install_for(request, state)
     body = await read_body(request, SwitchBody, SMALL_BODY)
-    version = _published_version(state.store, install.app_slug, body.version)
-    switched = state.store.switch_install(
-        install.id, version.id, user_id=caller.user_id, key_id=caller.key.id
+    version = await state.store.io(_published_version, state.store, install.app_slug, body.version)
+    switched = await state.store.io(
+        state.store.switch_install,
+        install.id,
+        version.id,
+        user_id=caller.user_id,
+        key_id=caller.key.id,
     )
     await _tools_changed(state)
     return json_response(_install_info(switched))
 
 
 async def rollback_install(request: Request, state: AppState) -> Response:
-    install, caller = install_for(request, state)
-    rolled = state.store.rollback_install(install.id, user_id=caller.user_id, key_id=caller.key.id)
+    install, caller = await install_for(request, state)
+    rolled = await state.store.io(
+        state.store.rollback_install, install.id, user_id=caller.user_id, key_id=caller.key.id
+    )
     if rolled is None:
         raise ApiError(
             "BAD_REQUEST",
@@ -241,14 +263,17 @@ def _egress_grant(store: Store, install: InstallRecord) -> EgressGrant:
 
 
 async def show_egress(request: Request, state: AppState) -> Response:
-    install, _ = install_for(request, state, scope="api:read", role="viewer")
-    return json_response(_egress_grant(state.store, install))
+    install, _ = await install_for(request, state, scope="api:read", role="viewer")
+    return json_response(await state.store.io(_egress_grant, state.store, install))
 
 
 async def narrow_egress(request: Request, state: AppState) -> Response:
-    install, caller = install_for(request, state)
+    install, caller = await install_for(request, state)
     body = await read_body(request, EgressBody, SMALL_BODY)
-    requested = [egress.parse(e) for e in state.store.requested_egress(install.version_id)]
+    requested = [
+        egress.parse(e)
+        for e in await state.store.io(state.store.requested_egress, install.version_id)
+    ]
     granted: dict[str, None] = {}
     for i, entry in enumerate(body.egress):
         try:
@@ -267,10 +292,14 @@ async def narrow_egress(request: Request, state: AppState) -> Response:
                 details={"code": "EGRESS_NOT_REQUESTED", "field": f"egress[{i}]"},
             )
         granted[str(wanted)] = None
-    narrowed = state.store.narrow_egress(
-        install.id, tuple(granted), user_id=caller.user_id, key_id=caller.key.id
+    narrowed = await state.store.io(
+        state.store.narrow_egress,
+        install.id,
+        tuple(granted),
+        user_id=caller.user_id,
+        key_id=caller.key.id,
     )
-    return json_response(_egress_grant(state.store, narrowed))
+    return json_response(await state.store.io(_egress_grant, state.store, narrowed))
 
 
 _INSTALL_ID = Param("installId", "The install.", required=True, max_length=64, where="path")

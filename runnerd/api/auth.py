@@ -58,7 +58,7 @@ class Caller:
             )
         return self.key.user_id
 
-    def member(
+    async def member(
         self, store: Store, workspace_id: str, *, role: str, apps: bool = True
     ) -> MembershipRecord | None:
         """Check the caller may act in ``workspace_id`` with at least ``role`` (and the
@@ -69,7 +69,7 @@ class Caller:
                 return None
             raise ApiError.forbidden("INSUFFICIENT_WORKSPACE_ROLE")
         assert self.key.user_id is not None
-        found = store.membership(workspace_id, self.key.user_id)
+        found = await store.io(store.membership, workspace_id, self.key.user_id)
         if (
             found is None
             or ROLE_RANK[found.role] < ROLE_RANK[role]
@@ -88,28 +88,30 @@ def bearer_or_key(request: Request) -> str:
     return request.headers.get("x-api-key", "").strip()
 
 
-def caller_of(request: Request, state: AppState, scope: str) -> Caller:
+async def caller_of(request: Request, state: AppState, scope: str) -> Caller:
     """Authenticate, check the token scope, and spend one rate-limit token: the first
     step of every authenticated route, always in this order (401, 403, 429)."""
-    caller = authenticate(request, state.store, state.cookies)
+    caller = await authenticate(request, state.store, state.cookies)
     caller.need_scope(scope)
     state.limiter.take(caller.key.id)
     return caller
 
 
-def authenticate(request: Request, store: Store, cookies: CookieSigner | None = None) -> Caller:
+async def authenticate(
+    request: Request, store: Store, cookies: CookieSigner | None = None
+) -> Caller:
     """The caller of ``request``: its X-API-Key header, else its session cookie (with the
     session's CSRF token on any request that changes state); 401 if neither is valid."""
     plaintext = request.headers.get("x-api-key", "").strip()
     if plaintext:
-        key = store.find_key(plaintext)
+        key = await store.io(store.find_key, plaintext)
         if key is None:
             raise ApiError("UNAUTHORIZED", "Invalid or revoked API key")
         return Caller(key)
     secret = cookies.secret_of(request) if cookies is not None else None
     if secret is None:
         raise ApiError("UNAUTHORIZED")
-    session = store.find_session(secret)
+    session = await store.io(store.find_session, secret)
     if session is None:
         raise ApiError("UNAUTHORIZED", "The session has ended: sign in again")
     if request.method not in SAFE_METHODS:
@@ -136,15 +138,18 @@ def session_key(session: SessionRecord) -> KeyRecord:
     )
 
 
-def install_for(
+async def install_for(
     request: Request, state: AppState, *, scope: str = "apps:write", role: str = "admin"
 ) -> tuple[InstallRecord, Caller]:
     """The install of the path, for a person of at least ``role`` in its workspace (a
     token needs ``scope``); installs of other workspaces are not found."""
-    caller = caller_of(request, state, scope)
+    caller = await caller_of(request, state, scope)
     user_id = caller.need_person()
-    install = state.store.get_install(request.path_params["installId"])
-    if install is None or state.store.membership(install.workspace_id, user_id) is None:
+    install = await state.store.io(state.store.get_install, request.path_params["installId"])
+    if (
+        install is None
+        or await state.store.io(state.store.membership, install.workspace_id, user_id) is None
+    ):
         raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
-    caller.member(state.store, install.workspace_id, role=role)
+    await caller.member(state.store, install.workspace_id, role=role)
     return install, caller

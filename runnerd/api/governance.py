@@ -53,18 +53,21 @@ MIN_SECRET_CHARS = 4  # shorter values cannot be told apart from ordinary text t
 SMALL_BODY = 64 * 1024
 
 
-def _install(request: Request, state: AppState, caller: Caller, role: str) -> InstallRecord:
+async def _install(request: Request, state: AppState, caller: Caller, role: str) -> InstallRecord:
     """The install of the path, if the caller may act on it with ``role``; installs of
     workspaces the caller is not in are not found."""
-    install = state.store.get_install(request.path_params["installId"])
+    install = await state.store.io(state.store.get_install, request.path_params["installId"])
     if install is not None:
         if caller.key.kind == "workspace":
             visible = caller.key.workspace_id == install.workspace_id
         else:
             assert caller.user_id is not None
-            visible = state.store.membership(install.workspace_id, caller.user_id) is not None
+            visible = (
+                await state.store.io(state.store.membership, install.workspace_id, caller.user_id)
+                is not None
+            )
         if visible:
-            caller.member(state.store, install.workspace_id, role=role)
+            await caller.member(state.store, install.workspace_id, role=role)
             return install
     raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
 
@@ -94,8 +97,8 @@ def _secret_name(request: Request) -> str:
 
 
 async def put_secret(request: Request, state: AppState) -> Response:
-    caller = caller_of(request, state, "apps:write")
-    install = _install(request, state, caller, "admin")
+    caller = await caller_of(request, state, "apps:write")
+    install = await _install(request, state, caller, "admin")
     name = _secret_name(request)
     body = await read_body(request, SecretBody, SMALL_BODY)
     size = len(body.value.encode())
@@ -106,7 +109,8 @@ async def put_secret(request: Request, state: AppState) -> Response:
             details={"code": "INVALID_SECRET_VALUE"},
         )
     sealed = state.calls.vault.seal(install.id, name, body.value)
-    updated = state.store.put_secret(
+    updated = await state.store.io(
+        state.store.put_secret,
         install.id,
         name,
         sealed,
@@ -118,17 +122,18 @@ async def put_secret(request: Request, state: AppState) -> Response:
 
 
 async def list_secrets(request: Request, state: AppState) -> Response:
-    caller = caller_of(request, state, "api:read")
-    install = _install(request, state, caller, "builder")
-    names = state.store.secret_names(install.id)
+    caller = await caller_of(request, state, "api:read")
+    install = await _install(request, state, caller, "builder")
+    names = await state.store.io(state.store.secret_names, install.id)
     return json_response(SecretList(data=[SecretInfo(name=n, updated_at=u) for n, u in names]))
 
 
 async def delete_secret(request: Request, state: AppState) -> Response:
-    caller = caller_of(request, state, "apps:write")
-    install = _install(request, state, caller, "admin")
+    caller = await caller_of(request, state, "apps:write")
+    install = await _install(request, state, caller, "admin")
     name = _secret_name(request)
-    if not state.store.delete_secret(
+    if not await state.store.io(
+        state.store.delete_secret,
         install.id,
         name,
         workspace_id=install.workspace_id,
@@ -144,28 +149,29 @@ async def delete_secret(request: Request, state: AppState) -> Response:
 # --- budgets ----------------------------------------------------------------------------------
 
 
-def _budget_info(state: AppState, install_id: str) -> msgspec.Struct:
-    return wire_view(BudgetInfo, state.store.budget(install_id))
+async def _budget_info(state: AppState, install_id: str) -> msgspec.Struct:
+    return wire_view(BudgetInfo, await state.store.io(state.store.budget, install_id))
 
 
 async def get_budget(request: Request, state: AppState) -> Response:
-    caller = caller_of(request, state, "api:read")
-    install = _install(request, state, caller, "viewer")
-    return json_response(_budget_info(state, install.id))
+    caller = await caller_of(request, state, "api:read")
+    install = await _install(request, state, caller, "viewer")
+    return json_response(await _budget_info(state, install.id))
 
 
 async def put_budget(request: Request, state: AppState) -> Response:
-    caller = caller_of(request, state, "apps:write")
-    install = _install(request, state, caller, "admin")
+    caller = await caller_of(request, state, "apps:write")
+    install = await _install(request, state, caller, "admin")
     body = await read_body(request, BudgetBody, SMALL_BODY)
-    state.store.set_budget(
+    await state.store.io(
+        state.store.set_budget,
         install.id,
         body.monthly_ms,
         caller.user_id,
         workspace_id=install.workspace_id,
         key_id=caller.key.id,
     )
-    return json_response(_budget_info(state, install.id))
+    return json_response(await _budget_info(state, install.id))
 
 
 # --- ledger and audit -------------------------------------------------------------------------
@@ -173,23 +179,24 @@ async def put_budget(request: Request, state: AppState) -> Response:
 MONTH = re.compile(r"\d{4}-(0[1-9]|1[0-2])")
 
 
-def _admin_of_workspace(request: Request, state: AppState) -> str:
+async def _admin_of_workspace(request: Request, state: AppState) -> str:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
-    caller = caller_of(request, state, "api:read")
+    caller = await caller_of(request, state, "api:read")
     caller.need_person()
-    caller.member(state.store, workspace_id, role="admin", apps=False)
+    await caller.member(state.store, workspace_id, role="admin", apps=False)
     return workspace_id
 
 
 async def get_ledger(request: Request, state: AppState) -> Response:
-    workspace_id = _admin_of_workspace(request, state)
+    workspace_id = await _admin_of_workspace(request, state)
     month = request.query_params.get("month")
     if month is not None and not MONTH.fullmatch(month):
         raise ApiError(
             "BAD_REQUEST", "month is YYYY-MM", details={"code": "INVALID_QUERY", "field": "month"}
         )
-    rows = state.store.ledger(
+    rows = await state.store.io(
+        state.store.ledger,
         month=month,
         workspace_id=workspace_id,
         install_id=request.query_params.get("installId"),
@@ -222,10 +229,11 @@ def _camel(name: str) -> str:
 
 
 async def get_audit(request: Request, state: AppState) -> Response:
-    workspace_id = _admin_of_workspace(request, state)
+    workspace_id = await _admin_of_workspace(request, state)
     cursor = int_query(request, "cursor", 0, 0, 2**62)
     limit = int_query(request, "limit", 100, 1, 1000)
-    entries = state.store.audit_entries(
+    entries = await state.store.io(
+        state.store.audit_entries,
         workspace_id=workspace_id,
         action=request.query_params.get("action"),
         install_id=request.query_params.get("installId"),
@@ -247,23 +255,26 @@ def _approval_info(a: ApprovalRow) -> ApprovalInfo:
 async def list_approvals(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
-    caller = caller_of(request, state, "api:read")
+    caller = await caller_of(request, state, "api:read")
     caller.need_person()
-    caller.member(state.store, workspace_id, role="member")
-    state.calls.expire()
+    await caller.member(state.store, workspace_id, role="member")
+    await state.calls.expire()
     status = request.query_params.get("status")
-    rows = state.store.list_approvals(workspace_id, status)
+    rows = await state.store.io(state.store.list_approvals, workspace_id, status)
     return json_response(ApprovalList(data=[_approval_info(a) for a in rows]))
 
 
 async def _decide(request: Request, state: AppState, approve: bool) -> Response:
-    caller = caller_of(request, state, "tools:run")
+    caller = await caller_of(request, state, "tools:run")
     who = _who(caller)
-    approval = state.store.get_approval(request.path_params["approvalId"])
-    if approval is None or state.store.membership(approval.workspace_id, who.user_id) is None:
+    approval = await state.store.io(state.store.get_approval, request.path_params["approvalId"])
+    if (
+        approval is None
+        or await state.store.io(state.store.membership, approval.workspace_id, who.user_id) is None
+    ):
         raise ApiError("NOT_FOUND", "No such approval", details={"code": "APPROVAL_NOT_FOUND"})
-    caller.member(state.store, approval.workspace_id, role="member")
-    state.calls.expire()
+    await caller.member(state.store, approval.workspace_id, role="member")
+    await state.calls.expire()
     decided = await state.calls.decide(approval.id, approve=approve, who=who)
     return json_response(_approval_info(decided))
 
@@ -287,15 +298,20 @@ def _run_info(r: RunRow) -> RunInfo:
 
 
 async def get_run(request: Request, state: AppState) -> Response:
-    caller = caller_of(request, state, "api:read")
+    caller = await caller_of(request, state, "api:read")
     user_id = caller.need_person()
-    row = state.store.get_run(request.path_params["runId"])
-    if row is None or state.store.membership(row.workspace_id, user_id) is None:
+    row = await state.store.io(state.store.get_run, request.path_params["runId"])
+    if (
+        row is None
+        or await state.store.io(state.store.membership, row.workspace_id, user_id) is None
+    ):
         raise ApiError("NOT_FOUND", "No such run", details={"code": "RUN_NOT_FOUND"})
-    member = caller.member(state.store, row.workspace_id, role="member")
+    member = await caller.member(state.store, row.workspace_id, role="member")
     detail = RunDetail(run=_run_info(row))
     # The output is the asker's: theirs, the approver's who released it, or an admin's.
-    approval = state.store.get_approval(row.approval_id) if row.approval_id else None
+    approval = (
+        await state.store.io(state.store.get_approval, row.approval_id) if row.approval_id else None
+    )
     entitled = (
         user_id == row.user_id
         or (member is not None and member.role == "admin")
@@ -310,11 +326,12 @@ async def get_run(request: Request, state: AppState) -> Response:
 
 
 async def list_runs(request: Request, state: AppState) -> Response:
-    caller = caller_of(request, state, "api:read")
+    caller = await caller_of(request, state, "api:read")
     caller.need_person()
-    install = _install(request, state, caller, "viewer")
+    install = await _install(request, state, caller, "viewer")
     limit = int_query(request, "limit", 50, 1, 500)
-    rows = state.store.list_runs(
+    rows = await state.store.io(
+        state.store.list_runs,
         install.id,
         tool=request.query_params.get("tool"),
         status=request.query_params.get("status"),
@@ -328,19 +345,21 @@ async def list_runs(request: Request, state: AppState) -> Response:
 
 
 async def usage(request: Request, state: AppState) -> Response:
-    caller = caller_of(request, state, "api:read")
+    caller = await caller_of(request, state, "api:read")
     caller.need_person()
-    install = _install(request, state, caller, "viewer")
+    install = await _install(request, state, caller, "viewer")
     days = int_query(request, "days", 30, 1, 366)
-    rows = state.store.usage_by_day(install.id, days)
+    rows = await state.store.io(state.store.usage_by_day, install.id, days)
     return json_response(UsageList(data=[UsageDay(**r) for r in rows]))
 
 
 async def latest_runs(request: Request, state: AppState) -> Response:
-    caller = caller_of(request, state, "api:read")
+    caller = await caller_of(request, state, "api:read")
     caller.need_person()
-    install = _install(request, state, caller, "viewer")
-    found = state.store.latest_runs(install.id, int_query(request, "perTool", 5, 1, 50))
+    install = await _install(request, state, caller, "viewer")
+    found = await state.store.io(
+        state.store.latest_runs, install.id, int_query(request, "perTool", 5, 1, 50)
+    )
     return json_response(
         LatestRuns(data={t: [_run_info(r) for r in rs] for t, rs in found.items()})
     )

@@ -92,13 +92,13 @@ class McpGateway:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         try:
-            self._authorize(request)
+            await self._authorize(request)
         except ApiError as exc:
             await error_response(exc)(scope, receive, send)
             return
         await self._endpoint(scope, receive, send)
 
-    def _authorize(self, request: Request, *, spend: bool = True) -> tuple[Caller, str]:
+    async def _authorize(self, request: Request, *, spend: bool = True) -> tuple[Caller, str]:
         """The caller and workspace of an MCP request: 401, 403 or 429 as on the API
         (one rate-limit token per HTTP request: the handlers do not spend another)."""
         state = self.state
@@ -106,7 +106,7 @@ class McpGateway:
         plaintext = bearer_or_key(request)
         if not plaintext:
             raise ApiError("UNAUTHORIZED", "Send a personal API key as a Bearer token")
-        key = state.store.find_key(plaintext)
+        key = await state.store.io(state.store.find_key, plaintext)
         if key is None:
             raise ApiError("UNAUTHORIZED", "Invalid or revoked API key")
         caller = Caller(key)
@@ -119,16 +119,16 @@ class McpGateway:
                 "connect to /mcp?workspaceId=…: a session belongs to one workspace",
                 details={"code": "MISSING_WORKSPACE"},
             )
-        caller.member(state.store, workspace_id, role="viewer")
+        await caller.member(state.store, workspace_id, role="viewer")
         if spend:
             state.limiter.take(key.id)
         return caller, workspace_id
 
-    def _context(self, ctx: Any) -> tuple[AppState, Caller, str]:
+    async def _context(self, ctx: Any) -> tuple[AppState, Caller, str]:
         if not isinstance(ctx.request, Request) or self.state is None:
             raise MCPError(types.INVALID_REQUEST, "runnerd serves MCP over HTTP only")
         try:
-            caller, workspace_id = self._authorize(ctx.request, spend=False)
+            caller, workspace_id = await self._authorize(ctx.request, spend=False)
         except ApiError as exc:
             raise MCPError(types.INVALID_REQUEST, exc.message, _wire(exc)) from None
         return self.state, caller, workspace_id
@@ -138,9 +138,9 @@ class McpGateway:
     async def _list_tools(
         self, ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        state, caller, workspace_id = self._context(ctx)
+        state, caller, workspace_id = await self._context(ctx)
         try:
-            caller.member(state.store, workspace_id, role="member")
+            await caller.member(state.store, workspace_id, role="member")
         except ApiError:
             return types.ListToolsResult(tools=[])  # a viewer may run nothing
         tools = [
@@ -157,7 +157,9 @@ class McpGateway:
                     open_world_hint=bool(install.egress),
                 ),
             )
-            for install, tool in state.store.installed_tools(workspace_id, None)
+            for install, tool in await state.store.io(
+                state.store.installed_tools, workspace_id, None
+            )
         ]
         tools.append(
             types.Tool(
@@ -181,17 +183,22 @@ class McpGateway:
     async def _call_tool(
         self, ctx: Any, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
-        state, caller, workspace_id = self._context(ctx)
+        state, caller, workspace_id = await self._context(ctx)
         who = Who(user_id=caller.need_person(), key_id=caller.key.id)
         arguments = params.arguments or {}
         if params.name == APPROVAL_TOOL:
             return await self._approval_result(state, who, workspace_id, arguments)
         slug, sep, tool_name = params.name.partition(SEPARATOR)
-        install = state.store.install_of_app(workspace_id, slug) if sep else None
-        if install is None or state.store.get_tool(install.version_id, tool_name) is None:
+        install = (
+            await state.store.io(state.store.install_of_app, workspace_id, slug) if sep else None
+        )
+        if (
+            install is None
+            or await state.store.io(state.store.get_tool, install.version_id, tool_name) is None
+        ):
             raise MCPError(types.INVALID_PARAMS, f"no tool {params.name!r} in this workspace")
         try:
-            caller.member(state.store, workspace_id, role="member")
+            await caller.member(state.store, workspace_id, role="member")
             if params.request_state is not None:
                 return await self._confirmed(state, who, install, tool_name, arguments, params)
             outcome = await state.calls.call(install, tool_name, arguments, who=who, surface="chat")
@@ -264,7 +271,9 @@ class McpGateway:
     ) -> types.CallToolResult:
         """The retry of a held call, with the person's answer: decide its approval."""
         approval_id = state.cookies.unsign(params.request_state or "")
-        approval = state.store.get_approval(approval_id) if approval_id else None
+        approval = (
+            await state.store.io(state.store.get_approval, approval_id) if approval_id else None
+        )
         if (
             approval is None
             or approval.install_id != install.id
@@ -291,13 +300,15 @@ class McpGateway:
     async def _approval_result(
         self, state: AppState, who: Who, workspace_id: str, arguments: dict[str, Any]
     ) -> types.CallToolResult:
-        approval = state.store.get_approval(str(arguments.get("approvalId", "")))
+        approval = await state.store.io(
+            state.store.get_approval, str(arguments.get("approvalId", ""))
+        )
         if approval is None or approval.workspace_id != workspace_id:
             return _refused(
                 ApiError("NOT_FOUND", "No such approval", details={"code": "APPROVAL_NOT_FOUND"})
             )
-        state.calls.expire()
-        approval = state.store.get_approval(approval.id) or approval
+        await state.calls.expire()
+        approval = await state.store.io(state.store.get_approval, approval.id) or approval
         found: dict[str, Any] = {"approvalId": approval.id, "status": approval.status}
         if approval.run_id is None:
             return types.CallToolResult(

@@ -33,14 +33,17 @@ async def metrics(request: Request) -> Response:
     state: AppState = request.app.state.runnerd
     plaintext = bearer_or_key(request)
     try:
-        key = state.store.find_key(plaintext) if plaintext else None
+        key = await state.store.io(state.store.find_key, plaintext) if plaintext else None
         if key is None:
             raise ApiError("UNAUTHORIZED", "Send an admin's API key as a Bearer token")
-        if key.user_id is None or not state.store.is_admin_anywhere(key.user_id):
+        if key.user_id is None or not await state.store.io(
+            state.store.is_admin_anywhere, key.user_id
+        ):
             raise ApiError.forbidden(
                 "INSUFFICIENT_WORKSPACE_ROLE", "metrics are for admins of a workspace"
             )
         state.limiter.take(key.id)
     except ApiError as exc:
         return error_response(exc)
-    return Response(METRICS.exposition(), media_type=CONTENT_TYPE)
+    # The gauges read the store (pending approvals): off the event loop on PostgreSQL.
+    return Response(await state.store.io(METRICS.exposition), media_type=CONTENT_TYPE)

@@ -41,8 +41,10 @@ LOGIN_LINK_TTL_S = 600  # a sign-in link is good once, for 10 minutes
 SMALL_BODY = 16 * 1024
 
 
-def _session_info(store: Store, user_id: str, csrf: str | None, expires_at: str | None) -> Response:
-    user = store.get_user(user_id)
+async def _session_info(
+    store: Store, user_id: str, csrf: str | None, expires_at: str | None
+) -> Response:
+    user = await store.io(store.get_user, user_id)
     assert user is not None
     workspaces = [
         WorkspaceRole(
@@ -52,7 +54,7 @@ def _session_info(store: Store, user_id: str, csrf: str | None, expires_at: str 
             apps_access=bool(w["apps_access"]),
             approver=bool(w["approver"]),
         )
-        for w in store.workspaces_of(user_id)
+        for w in await store.io(store.workspaces_of, user_id)
     ]
     return json_response(
         SessionInfo(
@@ -75,7 +77,7 @@ async def sign_in(request: Request, state: AppState) -> Response:
             details={"code": "INVALID_SIGN_IN"},
         )
     if body.api_key is not None:
-        key = store.find_key(body.api_key.strip())
+        key = await store.io(store.find_key, body.api_key.strip())
         if key is None:
             raise ApiError("UNAUTHORIZED", "Invalid or revoked API key")
         if key.kind != "personal" or key.user_id is None:
@@ -87,7 +89,7 @@ async def sign_in(request: Request, state: AppState) -> Response:
         user_id, via = key.user_id, "api_key"
     else:
         assert body.login_token is not None
-        found = store.use_login_link(body.login_token)
+        found = await store.io(store.use_login_link, body.login_token)
         if found is None:
             raise ApiError(
                 "UNAUTHORIZED",
@@ -95,17 +97,17 @@ async def sign_in(request: Request, state: AppState) -> Response:
             )
         user_id, via = found, "login_link"
     ttl_s = state.settings.session_hours * 3600
-    session, secret = store.create_session(user_id, ttl_s=ttl_s, via=via)
-    response = _session_info(store, user_id, session.csrf, session.expires_at)
+    session, secret = await store.io(store.create_session, user_id, ttl_s=ttl_s, via=via)
+    response = await _session_info(store, user_id, session.csrf, session.expires_at)
     state.cookies.set(response, request, secret, ttl_s)
     return response
 
 
 async def get_session(request: Request, state: AppState) -> Response:
-    caller = caller_of(request, state, "api:read")
+    caller = await caller_of(request, state, "api:read")
     user_id = caller.need_person()
     session = caller.session
-    return _session_info(
+    return await _session_info(
         state.store,
         user_id,
         session.csrf if session else None,
@@ -114,10 +116,10 @@ async def get_session(request: Request, state: AppState) -> Response:
 
 
 async def sign_out(request: Request, state: AppState) -> Response:
-    caller = caller_of(request, state, "api:read")
+    caller = await caller_of(request, state, "api:read")
     secret = state.cookies.secret_of(request)
     if caller.session is not None and secret is not None:
-        state.store.end_session(secret)
+        await state.store.io(state.store.end_session, secret)
     response = json_response(SignedOut(signed_out=True))
     state.cookies.clear(response, request)
     return response
@@ -126,14 +128,14 @@ async def sign_out(request: Request, state: AppState) -> Response:
 # --- people -----------------------------------------------------------------------------------
 
 
-def _admin(request: Request, state: AppState, scope: str) -> tuple[Caller, str]:
+async def _admin(request: Request, state: AppState, scope: str) -> tuple[Caller, str]:
     """The caller, an admin of the workspace in the path (the Apps module not needed)."""
-    caller = caller_of(request, state, scope)
+    caller = await caller_of(request, state, scope)
     caller.need_person()
     workspace_id = str(request.path_params["workspaceId"])
-    if state.store.get_workspace(workspace_id) is None:
+    if await state.store.io(state.store.get_workspace, workspace_id) is None:
         raise ApiError("NOT_FOUND", "No such workspace", details={"code": "WORKSPACE_NOT_FOUND"})
-    caller.member(state.store, workspace_id, role="admin", apps=False)
+    await caller.member(state.store, workspace_id, role="admin", apps=False)
     return caller, workspace_id
 
 
@@ -148,25 +150,28 @@ def _member_info(row: dict[str, object]) -> MemberInfo:
 
 
 async def list_members(request: Request, state: AppState) -> Response:
-    _, workspace_id = _admin(request, state, "api:read")
+    _, workspace_id = await _admin(request, state, "api:read")
     return json_response(
-        MemberList(data=[_member_info(r) for r in state.store.members(workspace_id)])
+        MemberList(
+            data=[_member_info(r) for r in await state.store.io(state.store.members, workspace_id)]
+        )
     )
 
 
 async def put_member(request: Request, state: AppState) -> Response:
-    _, workspace_id = _admin(request, state, "apps:write")
+    _, workspace_id = await _admin(request, state, "apps:write")
     body = await read_body(request, MemberBody, SMALL_BODY)
     store = state.store
-    user = store.ensure_user(body.email.strip())
-    store.set_membership(
+    user = await store.io(store.ensure_user, body.email.strip())
+    await store.io(
+        store.set_membership,
         workspace_id,
         user.id,
         role=body.role,
         apps_access=body.apps_access,
         approver=body.approver,
     )
-    row = next(r for r in store.members(workspace_id) if r["user_id"] == user.id)
+    row = next(r for r in await store.io(store.members, workspace_id) if r["user_id"] == user.id)
     return json_response(_member_info(row))
 
 
@@ -188,20 +193,26 @@ def _key_info(row: dict[str, object]) -> KeyInfo:
 
 
 async def list_keys(request: Request, state: AppState) -> Response:
-    _, workspace_id = _admin(request, state, "api:read")
-    rows = state.store.keys_of_workspace(workspace_id)
+    _, workspace_id = await _admin(request, state, "api:read")
+    rows = await state.store.io(state.store.keys_of_workspace, workspace_id)
     return json_response(KeyList(data=[_key_info(r) for r in rows]))
 
 
 async def create_key(request: Request, state: AppState) -> Response:
-    caller, workspace_id = _admin(request, state, "apps:write")
+    caller, workspace_id = await _admin(request, state, "apps:write")
     body = await read_body(request, NewKeyBody, SMALL_BODY)
     store = state.store
     user_id = None
     if body.kind != "workspace":
-        email = body.email or store.get_user(caller.need_person()).email  # type: ignore[union-attr]
+        user = await store.io(store.get_user, caller.need_person())
+        email = body.email or user.email  # type: ignore[union-attr]
         member = next(
-            (m for m in store.members(workspace_id) if m["email"].lower() == email.lower()), None
+            (
+                m
+                for m in await store.io(store.members, workspace_id)
+                if m["email"].lower() == email.lower()
+            ),
+            None,
         )
         if member is None:
             raise ApiError(
@@ -216,7 +227,8 @@ async def create_key(request: Request, state: AppState) -> Response:
             f"a token needs scopes from {', '.join(SCOPES)}",
             details={"code": "INVALID_SCOPES"},
         )
-    record, plaintext = store.create_key(
+    record, plaintext = await store.io(
+        store.create_key,
         kind=body.kind,
         user_id=user_id,
         workspace_id=workspace_id if body.kind == "workspace" else None,
@@ -224,28 +236,30 @@ async def create_key(request: Request, state: AppState) -> Response:
         name=body.name,
         audit_workspace_id=workspace_id,
     )
-    row = next(r for r in store.keys_of_workspace(workspace_id) if r["id"] == record.id)
+    row = next(
+        r for r in await store.io(store.keys_of_workspace, workspace_id) if r["id"] == record.id
+    )
     return json_response(NewKey(key=_key_info(row), api_key=plaintext), status=201)
 
 
 async def revoke_key(request: Request, state: AppState) -> Response:
-    _, workspace_id = _admin(request, state, "apps:write")
+    _, workspace_id = await _admin(request, state, "apps:write")
     key_id = str(request.path_params["keyId"])
     store = state.store
-    if not any(r["id"] == key_id for r in store.keys_of_workspace(workspace_id)):
+    if not any(r["id"] == key_id for r in await store.io(store.keys_of_workspace, workspace_id)):
         raise ApiError(
             "NOT_FOUND", "No such key in this workspace", details={"code": "KEY_NOT_FOUND"}
         )
-    store.revoke_key(key_id)
+    await store.io(store.revoke_key, key_id)
     return json_response(Revoked(key_id=key_id, revoked=True))
 
 
 async def verify_audit(request: Request, state: AppState) -> Response:
-    caller = caller_of(request, state, "api:read")
+    caller = await caller_of(request, state, "api:read")
     caller.need_person()
     workspace_id = request.query_params.get("workspaceId", "")
-    caller.member(state.store, workspace_id, role="admin", apps=False)
-    checked, broken = state.store.verify_audit()
+    await caller.member(state.store, workspace_id, role="admin", apps=False)
+    checked, broken = await state.store.io(state.store.verify_audit)
     return json_response(AuditVerdict(ok=broken is None, entries=checked, first_break=broken))
 
 

@@ -30,7 +30,7 @@ async def healthz(request: Request, state: AppState) -> Response:
 async def readyz(request: Request, state: AppState) -> Response:
     checks: dict[str, str] = {}
     try:
-        state.store.db.execute("SELECT 1").fetchone()
+        await state.store.io(state.store.ping)
         checks["store"] = "ok"
     except Exception as exc:
         checks["store"] = f"error: {type(exc).__name__}"

@@ -73,7 +73,7 @@ class _Server(uvicorn.Server):
         deadline = time.monotonic() + self.grace_s
         while state.calls.running and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        left = state.calls.interrupt(state.calls.running)
+        left = await state.calls.interrupt(state.calls.running)
         if left:
             log.warning("stopping: ended %d run(s) as failed (interrupted)", len(left))
         # Not handle_exit: uvicorn would raise the signal again once stopped, and a

@@ -21,7 +21,7 @@ from runnerd.api.wire import (
 from runnerd.calls import Pending, Who
 from runnerd.constants import MAX_INPUT_BYTES
 from runnerd.run.runner import tool_key
-from runnerd.store import InstallRecord, ToolRecord
+from runnerd.store import InstallRecord, Store, ToolRecord
 
 __all__ = ["OPS", "int_query", "query_param"]
 
@@ -70,11 +70,11 @@ async def list_tools(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     install_id = query_param(request, INSTALL)
     assert workspace_id is not None
-    caller = caller_of(request, state, "api:read")
+    caller = await caller_of(request, state, "api:read")
     caller.need_person()
-    caller.member(state.store, workspace_id, role="viewer")
+    await caller.member(state.store, workspace_id, role="viewer")
     if install_id is not None:
-        install = state.store.get_install(install_id)
+        install = await state.store.io(state.store.get_install, install_id)
         if install is None or install.workspace_id != workspace_id:
             raise ApiError(
                 "NOT_FOUND",
@@ -83,7 +83,9 @@ async def list_tools(request: Request, state: AppState) -> Response:
             )
     data = [
         _tool_info(install, tool)
-        for install, tool in state.store.installed_tools(workspace_id, install_id)
+        for install, tool in await state.store.io(
+            state.store.installed_tools, workspace_id, install_id
+        )
     ]
     return json_response(ToolList(data=data, next_cursor=None))
 
@@ -102,7 +104,7 @@ async def _run(
     user_id = caller.need_person()
     key = request.headers.get("idempotency-key")
     try:
-        caller.member(store, install.workspace_id, role="member")
+        await caller.member(store, install.workspace_id, role="member")
         if key is not None and not 1 <= len(key) <= 255:
             raise ApiError(
                 "BAD_REQUEST",
@@ -121,7 +123,8 @@ async def _run(
     except Exception as exc:
         error = exc if isinstance(exc, ApiError) else from_domain(exc)
         if error is not None:
-            store.audit(
+            await store.io(
+                store.audit,
                 "tool.refuse",
                 workspace_id=install.workspace_id,
                 actor_user_id=user_id,
@@ -153,19 +156,27 @@ async def _run(
     )
 
 
-def _caller_for_run(request: Request, state: AppState) -> Caller:
-    caller = caller_of(request, state, "tools:run")
+async def _caller_for_run(request: Request, state: AppState) -> Caller:
+    caller = await caller_of(request, state, "tools:run")
     caller.need_person()
     return caller
 
 
+def _visible_install(store: Store, install_id: str, user_id: str) -> InstallRecord | None:
+    """The install, unless it is in a workspace the person is not in."""
+    install = store.get_install(install_id)
+    if install is None or store.membership(install.workspace_id, user_id) is None:
+        return None
+    return install
+
+
 async def run_tool(request: Request, state: AppState) -> Response:
-    caller = _caller_for_run(request, state)
-    install = state.store.get_install(request.path_params["installId"])
-    if install is None or (
-        caller.user_id is not None
-        and state.store.membership(install.workspace_id, caller.user_id) is None
-    ):
+    caller = await _caller_for_run(request, state)
+    user_id = caller.need_person()
+    install = await state.store.io(
+        _visible_install, state.store, request.path_params["installId"], user_id
+    )
+    if install is None:
         raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
     body = await read_body(request, RunBody, RUN_BODY_LIMIT, nesting_reason="INVALID_INPUT")
     return await _run(request, state, caller, install, request.path_params["toolName"], body)
@@ -174,9 +185,11 @@ async def run_tool(request: Request, state: AppState) -> Response:
 async def run_by_reference(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
-    caller = _caller_for_run(request, state)
-    caller.member(state.store, workspace_id, role="member")
-    install = state.store.install_of_app(workspace_id, request.path_params["appSlug"])
+    caller = await _caller_for_run(request, state)
+    await caller.member(state.store, workspace_id, role="member")
+    install = await state.store.io(
+        state.store.install_of_app, workspace_id, request.path_params["appSlug"]
+    )
     if install is None:
         raise ApiError(
             "NOT_FOUND",
@@ -206,8 +219,8 @@ def _tool_info(install: InstallRecord, tool: ToolRecord) -> ToolInfo:
 
 
 async def get_tool(request: Request, state: AppState) -> Response:
-    install, _ = install_for(request, state, scope="api:read", role="viewer")
-    tool = state.calls.tool(install, request.path_params["toolName"])
+    install, _ = await install_for(request, state, scope="api:read", role="viewer")
+    tool = await state.calls.tool(install, request.path_params["toolName"])
     return json_response(
         ToolDetail(
             tool=_tool_info(install, tool),
@@ -220,8 +233,8 @@ async def get_tool(request: Request, state: AppState) -> Response:
 async def check_tool_input(request: Request, state: AppState) -> Response:
     """The run's own input check, without the run: what the Manage page's test form asks
     before it sends, so it can show a refusal next to its field."""
-    install, _ = install_for(request, state, scope="tools:run", role="member")
-    tool = state.calls.tool(install, request.path_params["toolName"])
+    install, _ = await install_for(request, state, scope="tools:run", role="member")
+    tool = await state.calls.tool(install, request.path_params["toolName"])
     body = await read_body(request, RunBody, RUN_BODY_LIMIT, nesting_reason="INVALID_INPUT")
     await state.calls.runner.check_input(tool, body.input, key=tool_key(tool, install.version_id))
     return json_response(InputVerdict(valid=True))

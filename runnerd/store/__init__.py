@@ -1,8 +1,9 @@
-"""The SQLite store: the only package with SQL in it.
+"""The store: the only package with SQL in it.
 
-One file in the data dir, WAL mode, opened through sqlite-utils. The schema is built by
-numbered migrations (``PRAGMA user_version`` holds the last one applied); each runs in
-its own transaction, so a database is always at one exact version. Stored app versions
+One SQLite file in the data dir (WAL mode, through sqlite-utils), or a PostgreSQL
+database that several nodes share (``database_url``; the differences are in ``db``).
+The schema is built by numbered migrations; each runs in its own transaction, so a
+database is always at one exact version. Stored app versions
 are immutable: triggers refuse any UPDATE or DELETE of a version or its tools.
 """
 
@@ -56,4 +57,5 @@ __all__ = [
 
 
 class Store(AppsStore, PeopleStore, RunsStore, SecretsStore, ApprovalsStore, SessionsStore):
-    """The database of one runnerd install. Not shared between threads without a lock."""
+    """The database of one runnerd install. Code on the event loop calls it through
+    ``io`` (inline on SQLite, on a worker thread on PostgreSQL)."""

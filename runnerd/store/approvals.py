@@ -119,10 +119,6 @@ class ApprovalsStore(AuditStore):
             )
         return row
 
-    def attach_run(self, approval_id: str, run_id: str) -> None:
-        with self._write():
-            self.db.execute("UPDATE approvals SET run_id = ? WHERE id = ?", [run_id, approval_id])
-
     def expire_approvals(self) -> list[str]:
         """Mark every pending approval past its time as expired, and audit each."""
         now = utc_now()
@@ -171,19 +167,11 @@ class ApprovalsStore(AuditStore):
             )
         return None
 
-    def settle_idempotency_key(self, user_id: str, key: str, run_id: str | None) -> None:
-        """Record the run a key released; None releases the key if it released no run
-        (the call was refused before its run started)."""
+    def release_idempotency_key(self, user_id: str, key: str) -> None:
+        """Release a key whose call was refused before its run started, so a retry runs.
+        A key that released a run (``start_run(idempotency=…)``) stays: retries replay it."""
         with self._write():
-            if run_id is None:
-                # Only a key that released no run: once a run started, retries replay it.
-                self.db.execute(
-                    "DELETE FROM idempotency WHERE user_id = ? AND key = ? AND run_id IS NULL",
-                    [user_id, key],
-                )
-
-            else:
-                self.db.execute(
-                    "UPDATE idempotency SET run_id = ? WHERE user_id = ? AND key = ?",
-                    [run_id, user_id, key],
-                )
+            self.db.execute(
+                "DELETE FROM idempotency WHERE user_id = ? AND key = ? AND run_id IS NULL",
+                [user_id, key],
+            )

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, ParamSpec, Self, TypeVar
 
+from runnerd.constants import DB_THREADS
 from runnerd.errors import RunnerdError
 from runnerd.store.db import Database, SQLiteDatabase, open_database
 from runnerd.store.schema import MIGRATIONS
@@ -16,6 +20,9 @@ if TYPE_CHECKING:
 
 DB_FILENAME = "runnerd.db"
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 
 class StoreUnavailable(RunnerdError):
     """The database cannot be used: unreachable, or at a schema this runnerd does not
@@ -23,15 +30,25 @@ class StoreUnavailable(RunnerdError):
 
 
 class StoreBase:
-    """One database connection (SQLite in WAL mode, or PostgreSQL) and the migrations.
-    Not shared between threads."""
+    """The database (one SQLite file in WAL mode, or PostgreSQL) and the migrations.
+
+    Called directly, every operation runs on the calling thread. The daemon calls it
+    through ``io``, which keeps PostgreSQL's round trips off the event loop."""
 
     node_id: str | None = None  # set by join(): the node this process serves as
     migrate_from: int = 0
+    _workers: ThreadPoolExecutor | None = None
 
-    def __init__(self, target: Path | str | Database, *, migrate: bool = True) -> None:
+    def __init__(
+        self,
+        target: Path | str | Database,
+        *,
+        migrate: bool = True,
+        connections: int = DB_THREADS,
+    ) -> None:
         """``migrate``: bring the schema forward now (a SQLite file, a test); else the
-        database must be at exactly the schema this runnerd knows."""
+        database must be at exactly the schema this runnerd knows. ``connections``:
+        worker threads for ``io`` on PostgreSQL, each with its own connection."""
         if isinstance(target, Path):
             self.db: Database = SQLiteDatabase(target)
         elif isinstance(target, str):
@@ -45,6 +62,29 @@ class StoreBase:
         if migrate:
             self.migrate()
         self._check_schema()
+        if self.db.dialect == "postgresql":  # threads start on first use
+            self._workers = ThreadPoolExecutor(connections, thread_name_prefix="runnerd-db")
+
+    async def io(self, work: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``work(*args, **kwargs)`` (store operations, or a function of several), for
+        code on the event loop.
+
+        On SQLite it runs inline: a local file answers in microseconds, and one thread
+        keeps SQLite's one writer. On PostgreSQL it runs on one of the store's worker
+        threads (``connections``), each with its own connection, so a round trip, a
+        wait for the write lock, or a database that stopped answering never holds the
+        loop. Work that started finishes: a caller cancelled meanwhile is cancelled once
+        the work is done, never halfway through its transaction."""
+        if self._workers is None:
+            return work(*args, **kwargs)
+        done = asyncio.get_running_loop().run_in_executor(
+            self._workers, functools.partial(work, *args, **kwargs)
+        )
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            await asyncio.wait({done})
+            raise
 
     def _check_schema(self) -> None:
         have, know = self.schema_version, len(MIGRATIONS)
@@ -71,7 +111,7 @@ class StoreBase:
         if migrate is None:
             migrate = not url or url.startswith("sqlite:")
         if url:
-            return cls(url, migrate=migrate)
+            return cls(url, migrate=migrate, connections=settings.database_connections)
         settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         return cls(settings.data_dir / DB_FILENAME, migrate=migrate)
 
@@ -80,7 +120,13 @@ class StoreBase:
         data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         return cls(data_dir / DB_FILENAME)
 
+    def ping(self) -> None:
+        """Raise unless the database answers."""
+        self.db.execute("SELECT 1").fetchone()
+
     def close(self) -> None:
+        if self._workers is not None:
+            self._workers.shutdown(wait=True)
         self.db.close()
 
     @property

@@ -5,9 +5,10 @@ The store's code writes one SQL, SQLite's spelling with ``?`` placeholders, and 
 ``insert``/``insert_all`` (a dict a row; lists and dicts stored as JSON), ``write``
 (a transaction that holds the write lock from its first statement), and ``ddl`` for
 migrations. ``SQLiteDatabase`` is sqlite-utils on one WAL file, as before.
-``PostgresDatabase`` is one psycopg 3 connection; it rewrites placeholders once per
-statement text, reads ``numeric`` (what SUM of a BIGINT gives) as an int, and spells
-the few types SQLite and PostgreSQL name differently.
+``PostgresDatabase`` gives each thread its own psycopg 3 connection (the store runs
+its PostgreSQL work on a few worker threads, see ``StoreBase.io``); it rewrites
+placeholders once per statement text, reads ``numeric`` (what SUM of a BIGINT gives)
+as an int, and spells the few types SQLite and PostgreSQL name differently.
 
 Writes keep SQLite's rule on both: one writer at a time. On PostgreSQL a write
 transaction first takes a transaction-level advisory lock, so every read-then-write in
@@ -21,7 +22,9 @@ import contextlib
 import json
 import os
 import re
+import socket
 import sqlite3
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from decimal import Decimal
 from functools import lru_cache
@@ -36,6 +39,8 @@ __all__ = ["Database", "PostgresDatabase", "SQLiteDatabase", "open_database", "r
 
 # The advisory lock every PostgreSQL write transaction holds ("runnerd" in ASCII).
 WRITE_LOCK = 0x72756E6E657264
+# How a node's connections show in pg_stat_activity: which host and process they serve.
+APPLICATION_NAME = f"runnerd {socket.gethostname()} {os.getpid()}"[:63]
 
 
 class Cursor(Protocol):
@@ -194,7 +199,10 @@ def _unreachable(where: str, error: Exception) -> str:
 
 
 class PostgresDatabase:
-    """One psycopg 3 connection to a PostgreSQL database shared by every node."""
+    """A PostgreSQL database shared by every node, through psycopg 3: one connection per
+    thread that uses it, made on first use and made again when it breaks. A store
+    operation and its transaction run on one thread, so they run on one connection;
+    the store's worker threads are its connection pool."""
 
     dialect = "postgresql"
 
@@ -215,8 +223,11 @@ class PostgresDatabase:
         self._psycopg = psycopg
         self._loader = _IntegralNumeric
         self._dict_row = psycopg.rows.dict_row
+        self._local = threading.local()
+        self._opened: list[Any] = []  # every thread's connection, to close them all
+        self._opened_lock = threading.Lock()
         try:
-            self.conn = self._connect()
+            self._live()
         except DatabaseUnavailable as error:
             raise ConnectionError(str(error)) from None
         # runnerd's own bookkeeping, beside the migrated schema: its version, and the
@@ -232,17 +243,23 @@ class PostgresDatabase:
 
     def _connect(self) -> Any:
         try:
-            conn = self._psycopg.connect(self._url, autocommit=True, connect_timeout=5)
+            conn = self._psycopg.connect(
+                self._url, autocommit=True, connect_timeout=5, application_name=APPLICATION_NAME
+            )
         except self._psycopg.OperationalError as error:
             raise DatabaseUnavailable(_unreachable(self.where, error)) from None
         conn.adapters.register_loader("numeric", self._loader)
         return conn
 
     def _live(self) -> Any:
-        """The connection, made again if the last one broke (PostgreSQL restarted)."""
-        if self.conn.closed or self.conn.broken:
-            self.conn = self._connect()
-        return self.conn
+        """This thread's connection, made again if the last one broke (PostgreSQL
+        restarted)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.closed or conn.broken:
+            conn = self._local.conn = self._connect()
+            with self._opened_lock:
+                self._opened = [c for c in self._opened if not c.closed] + [conn]
+        return conn
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
@@ -344,4 +361,7 @@ class PostgresDatabase:
         )
 
     def close(self) -> None:
-        self.conn.close()
+        with self._opened_lock:
+            for conn in self._opened:
+                conn.close()
+            self._opened = []

@@ -155,11 +155,17 @@ class RunsStore(AuditStore):
         version_id: str | None = None,
         workflow_run_id: str | None = None,
         approval_id: str | None = None,
+        run_id: str | None = None,
+        idempotency: tuple[str, str] | None = None,
     ) -> str:
         """Admit a run: check the budget, reserve the tool's timeout, write the run's row,
         all in one transaction. Raises BudgetExhausted (and writes nothing) when the
-        month's budget is spent, counting what admitted runs have reserved."""
-        run_id = new_id("run")
+        month's budget is spent, counting what admitted runs have reserved.
+
+        In the same transaction, the approval that released the run (``approval_id``)
+        and the idempotency key that claimed it (``idempotency``: user id, key) are given
+        the run's id, so a retry replays this run. ``run_id``: the caller's own id."""
+        run_id = run_id or new_id("run")
         now = utc_now()
         month = month_of(now)
         with self._write():
@@ -192,6 +198,15 @@ class RunsStore(AuditStore):
                     self.node_id,
                 ],
             )
+            if approval_id is not None:
+                self.db.execute(
+                    "UPDATE approvals SET run_id = ? WHERE id = ?", [run_id, approval_id]
+                )
+            if idempotency is not None:
+                self.db.execute(
+                    "UPDATE idempotency SET run_id = ? WHERE user_id = ? AND key = ?",
+                    [run_id, *idempotency],
+                )
         return run_id
 
     def finish_run(

@@ -66,11 +66,11 @@ async def page(request: Request) -> Response:
 async def usage_chart(request: Request) -> Response:
     state: AppState = request.app.state.runnerd
     try:
-        install, _ = install_for(request, state, scope="api:read", role="viewer")
+        install, _ = await install_for(request, state, scope="api:read", role="viewer")
     except ApiError as exc:
         return Response(exc.message, status_code=exc.status, media_type="text/plain")
     days = 30
-    svg = usage_svg(state.store.usage_by_day(install.id, days), days)
+    svg = usage_svg(await state.store.io(state.store.usage_by_day, install.id, days), days)
     return Response(svg, media_type="image/svg+xml", headers={"Cache-Control": "no-store"})
 
 
