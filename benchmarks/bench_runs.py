@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from runnerd.bench import bare_jail
 from runnerd.config import load_settings
 from runnerd.run.engine import Engine, build_engine
 from runnerd.run.runtimes import clean_env
@@ -67,34 +68,6 @@ async def _warm_calls(engine: Engine, tool: Tool, runs: int) -> list[float]:
     return out[1:]
 
 
-def _bare_jail(engine: Engine, argv: list[str], mounts: tuple[str, ...]) -> list[str]:
-    sandbox = engine.sandbox
-    cmd = [
-        sandbox.nsjail,
-        "--mode",
-        "o",
-        "--really_quiet",
-        "--user",
-        f"1000:{engine.settings.sandbox_uid_base}:1",
-        "--group",
-        f"1000:{engine.settings.sandbox_uid_base}:1",
-        "--disable_proc",
-        "--rlimit_as",
-        "inf",
-    ]
-    if engine.cgroups.enabled:
-        cmd += [
-            *engine.cgroups.nsjail_args,
-            "--cgroup_mem_max",
-            str(512 << 20),
-            "--cgroup_pids_max",
-            "64",
-        ]
-    for mount in mounts:
-        cmd += ["--bindmount_ro", mount]
-    return [*cmd, "--", *argv]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=40)
@@ -125,12 +98,12 @@ def main() -> None:
     rows = {
         "python3 -I -S -c pass (bare)": sh([rt.python.executable, "-I", "-S", "-c", "pass"]),
         "nsjail + python3 -c pass (bare)": sh(
-            _bare_jail(engine, [rt.python.executable, "-I", "-S", "-c", "pass"], rt.python.mounts)
+            bare_jail(engine, [rt.python.executable, "-I", "-S", "-c", "pass"], rt.python.mounts)
         ),
         "runnerd: trivial Python tool": tool_run(py_tool),
         "node -e 0 (bare, clean env)": sh([rt.node.path, "-e", "0"]),
         "nsjail + node -e 0 (bare)": sh(
-            _bare_jail(engine, [rt.node.path, "-e", "0"], rt.node.mounts)
+            bare_jail(engine, [rt.node.path, "-e", "0"], rt.node.mounts)
         ),
         "runnerd: trivial JavaScript tool": tool_run(js_tool),
         "runnerd: trivial TypeScript tool": tool_run(ts_tool),

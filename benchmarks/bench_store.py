@@ -29,10 +29,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_runs import _bare_jail  # noqa: E402
 from pg_cluster import PgCluster  # noqa: E402
 
 from daemon import Daemon, running_daemon  # noqa: E402
+from runnerd.bench import bare_jail  # noqa: E402
 from runnerd.config import load_settings  # noqa: E402
 from runnerd.run.engine import build_engine  # noqa: E402
 from runnerd.run.runtimes import clean_env  # noqa: E402
@@ -140,7 +140,7 @@ def main() -> None:
     python = engine.runtimes.python
     assert python is not None
     env = clean_env()
-    bare = _bare_jail(engine, [python.executable, "-I", "-S", "-c", "pass"], python.mounts)
+    bare = bare_jail(engine, [python.executable, "-I", "-S", "-c", "pass"], python.mounts)
 
     def spawn(argv: list[str]) -> Callable[[], object]:
         return lambda: subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)

@@ -7,6 +7,7 @@ Exit codes: 0 success, 1 the thing checked or asked for was refused (problems pr
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,7 +57,25 @@ def _parser() -> argparse.ArgumentParser:
     mcp.add_argument("--api-key", help="a personal API key or token ($RUNNERD_API_KEY)")
     mcp.add_argument("--workspace", help="the workspace id ($RUNNERD_WORKSPACE)")
     mcp.set_defaults(func=_mcp)
+    bench = groups.add_parser(
+        "bench",
+        parents=[common],
+        help="measure runnerd on this machine against bare nsjail and interpreters",
+    )
+    bench.add_argument("--quick", action="store_true", help="a short run (under 30 s)")
+    bench.set_defaults(func=_bench)
     return parser
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from runnerd.bench import run_bench
+    from runnerd.cli.output import settings_from_args
+
+    settings = settings_from_args(args)
+    say = (lambda _: None) if args.json else (lambda text: print(f"... {text}", file=sys.stderr))
+    result = run_bench(settings, quick=args.quick, say=say)
+    print(json.dumps(result.as_json(), indent=2) if args.json else result.report())
+    return 0
 
 
 def _mcp(args: argparse.Namespace) -> int:

@@ -1,0 +1,556 @@
+"""``runnerd bench``: how fast runnerd is on this machine, read against bare baselines
+measured in the same run.
+
+It starts a throwaway daemon (``runnerd serve`` in a process of its own, on a temporary
+data dir with embedded SQLite and a free port) with a trivial Python tool and a trivial
+JavaScript tool, and calls it over HTTP the way agents and workflows do: paced, back to
+back, from 8 clients at once, and in a burst after an idle spell. In the same run it
+times what no runner can beat on this machine: a bare interpreter, and a bare nsjail +
+interpreter, alone and spawned by several workers. Cold runs (no warm jail) go through
+the run engine in this process. The daemon's memory is read before and after the load.
+
+Nothing here asserts a timing: the report gives medians, p95 and p99, the ratios, and
+the targets they are read against (docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import http.client
+import json
+import math
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+import runnerd
+from runnerd.config import Settings
+from runnerd.run.engine import Engine, build_engine
+from runnerd.run.runtimes import clean_env
+from runnerd.store import Store
+from runnerd.upload.bundle import Tool, load_bundle
+
+__all__ = ["Bench", "bare_jail", "run_bench"]
+
+PY_TOOL = "def run(input):\n    return {'n': input.get('n', 0)}\n"
+JS_TOOL = "export function run(input) { return { n: input.n ?? 0 } }\n"
+TS_TOOL = "export function run(input: { n?: number }) {\n  return { n: input.n ?? 0 }\n}\n"
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}}
+CLIENTS = 8  # concurrent clients: the daemon's default admission (max_concurrent_runs)
+BURST = 50  # simultaneous calls after an idle spell
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much of each case a run does."""
+
+    runs: int  # bare baselines and cold runs, each
+    list_calls: int
+    paced: int
+    back_to_back_py: int
+    back_to_back_js: int
+    spawn_s: float  # the bare spawn rate, per worker count
+    load_s: float  # 8 clients
+    idle_s: float  # before the burst
+
+
+FULL = Sizes(runs=30, list_calls=100, paced=40, back_to_back_py=300, back_to_back_js=150,
+             spawn_s=4, load_s=10, idle_s=10)  # fmt: skip
+QUICK = Sizes(runs=8, list_calls=30, paced=12, back_to_back_py=60, back_to_back_js=30,
+              spawn_s=1.5, load_s=3, idle_s=5)  # fmt: skip
+
+
+@dataclass
+class Stats:
+    """Latencies of one case, in ms; ``rate``: completed calls per second, when the
+    case is a load; ``failed``: answers other than 200 (or runs that did not succeed)."""
+
+    n: int
+    p50: float
+    p95: float
+    p99: float
+    max: float
+    rate: float | None = None
+    failed: int = 0
+
+    @classmethod
+    def of(cls, ms: list[float], *, rate: float | None = None, failed: int = 0) -> Stats:
+        ordered = sorted(ms)
+
+        def rank(q: float) -> float:
+            return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+        return cls(len(ordered), statistics.median(ordered), rank(0.95), rank(0.99),
+                   ordered[-1], rate, failed)  # fmt: skip
+
+
+@dataclass
+class Bench:
+    """One run of the benchmark: every case, the machine, and what was skipped."""
+
+    machine: dict[str, Any]
+    cases: dict[str, Stats] = field(default_factory=dict)
+    memory_mb: dict[str, float] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+
+    def ratio(self, ours: str, base: str, *, of: str = "p50") -> float | None:
+        a, b = self.cases.get(ours), self.cases.get(base)
+        if a is None or b is None:
+            return None
+        x, y = getattr(a, of), getattr(b, of)
+        return x / y if y else None
+
+    def targets(self) -> list[tuple[str, float | None, str, bool | None]]:
+        """(what, value, target, met): the figures docs/BENCHMARKS.md reads."""
+        c = self.cases
+
+        def check(value: float | None, ok: Callable[[float], bool]) -> bool | None:
+            return None if value is None else ok(value)
+
+        spawn = max((c[k].rate or 0 for k in c if k.startswith("bare nsjail + python,")),
+                    default=None)  # fmt: skip
+        load = c.get("Python tool, 8 clients")
+        burst = c.get(f"Python tool, burst of {BURST}")
+        rows: list[tuple[str, float | None, str, Callable[[float], bool]]] = [
+            ("paced p50, Python (ms)", _get(c, "Python tool, paced", "p50"), "<= 3",
+             lambda v: v <= 3),
+            ("back to back / paced, p50, Python", self.ratio("Python tool, back to back",
+             "Python tool, paced"), "<= 1.2x", lambda v: v <= 1.2),
+            ("back to back p50, JS (ms)", _get(c, "JS tool, back to back", "p50"), "<= 5",
+             lambda v: v <= 5),
+            ("8 clients runs/s / bare spawn rate",
+             (load.rate or 0) / spawn if load and spawn else None, ">= 0.85x",
+             lambda v: v >= 0.85),
+            ("8 clients p99 / p50", load.p99 / load.p50 if load else None, "<= 3x",
+             lambda v: v <= 3),
+            ("8 clients, answers other than 200", float(load.failed) if load else None, "0",
+             lambda v: v == 0),
+            (f"burst of {BURST}, failed", float(burst.failed) if burst else None, "0",
+             lambda v: v == 0),
+            ("cold JS / bare nsjail + node", self.ratio("cold JS tool", "bare nsjail + node"),
+             "<= 1.2x", lambda v: v <= 1.2),
+            ("cold TS / bare nsjail + node", self.ratio("cold TS tool", "bare nsjail + node"),
+             "<= 1.2x", lambda v: v <= 1.2),
+            ("cold Python / bare nsjail + python", self.ratio("cold Python tool",
+             "bare nsjail + python"), "report", lambda v: True),
+            ("list tools p50 (ms)", _get(c, "list tools", "p50"), "report", lambda v: True),
+        ]  # fmt: skip
+        return [(what, value, target, check(value, ok)) for what, value, target, ok in rows]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "machine": self.machine,
+            "cases": {name: asdict(s) for name, s in self.cases.items()},
+            "memoryMb": self.memory_mb,
+            "targets": [
+                {"what": w, "value": v, "target": t, "met": m} for w, v, t, m in self.targets()
+            ],
+            "skipped": self.skipped,
+        }
+
+    def report(self) -> str:
+        m = self.machine
+        lines = [
+            f"runnerd bench {m['runnerd']} ({m['mode']}): {m['cpus']} CPUs, cgroups "
+            f"{m['cgroups']}, Python {m['python']}, Node {m['node'] or 'none'}, "
+            f"warm_jails {m['warm_jails']}, max_concurrent_runs {m['max_concurrent_runs']}",
+            "",
+            f"{'case':44} {'n':>5} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'runs/s':>8}",
+        ]
+        for name, s in self.cases.items():
+            rate = f"{s.rate:8.0f}" if s.rate is not None else f"{'':8}"
+            failed = f"  ({s.failed} failed)" if s.failed else ""
+            lines.append(f"{name:44} {s.n:5} {s.p50:8.1f} {s.p95:8.1f} {s.p99:8.1f} {rate}{failed}")
+        if self.memory_mb:
+            lines += ["", "daemon RSS: " + ", ".join(
+                f"{k} {v:.0f} MB" for k, v in self.memory_mb.items())]  # fmt: skip
+        lines += ["", f"{'read against':44} {'value':>8} {'target':>9}  met"]
+        for what, value, target, met in self.targets():
+            shown = "-" if value is None else f"{value:8.2f}"
+            verdict = {None: "-", True: "yes", False: "no"}[met]
+            lines.append(f"{what:44} {shown:>8} {target:>9}  {verdict}")
+        lines += [f"skipped: {s}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def _get(cases: dict[str, Stats], name: str, of: str) -> float | None:
+    found = cases.get(name)
+    return None if found is None else float(getattr(found, of))
+
+
+# --- the throwaway daemon ---------------------------------------------------------------------
+
+
+class _Daemon:
+    """``runnerd serve`` on a temporary data dir, bootstrapped, with one app installed."""
+
+    def __init__(self, settings: Settings, data: Path) -> None:
+        self.settings = settings
+        self.data = data
+        self.port = _free_port()
+        store = Store.in_data_dir(data)
+        try:
+            workspace = store.create_workspace("Bench")
+            user = store.ensure_user("bench@localhost")
+            store.set_membership(workspace.id, user.id, role="admin", apps_access=True)
+            _, self.key = store.create_key(kind="personal", user_id=user.id, name="bench")
+        finally:
+            store.close()
+        self.workspace_id = workspace.id
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNERD_")}
+        env.update(_child_settings(settings, data, self.port))
+        # The folder runnerd is imported from (a checkout, a venv, an unpacked zipapp).
+        env["PYTHONPATH"] = str(Path(runnerd.__file__).resolve().parent.parent)
+        self.log = open(data / "serve.log", "wb")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runnerd", "serve"],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while not self._ready():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                tail = (data / "serve.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the bench daemon did not start:\n{tail}")
+            time.sleep(0.05)
+
+    def _ready(self) -> bool:
+        try:
+            return self.request("GET", "/readyz")[0] == 200
+        except OSError:
+            return False
+
+    def connect(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        conn: http.client.HTTPConnection | None = None,
+    ) -> tuple[int, Any]:
+        own = conn is None
+        conn = conn or self.connect()
+        try:
+            headers = {"X-API-Key": self.key, "Content-Type": "application/json"}
+            data = None if body is None else json.dumps(body)
+            conn.request(method, path, body=data, headers=headers)
+            response = conn.getresponse()
+            raw = response.read()
+            return response.status, json.loads(raw) if raw else None
+        finally:
+            if own:
+                conn.close()
+
+    def install(self, files: dict[str, bytes]) -> str:
+        ws = f"?workspaceId={self.workspace_id}"
+        encoded = {p: base64.b64encode(d).decode() for p, d in files.items()}
+        status, body = self.request("POST", f"/api/v2/apps/deploy{ws}", {"files": encoded})
+        if status != 201:
+            raise RuntimeError(f"the bench app was refused: {body}")
+        version = body["version"]
+        self.request("POST", f"/api/v2/apps/{version['appSlug']}/versions/"
+                     f"{version['version']}/publish{ws}")  # fmt: skip
+        wanted = {"appSlug": version["appSlug"], "version": version["version"]}
+        status, body = self.request("POST", f"/api/v2/apps/installs{ws}", wanted)
+        if status != 201:
+            raise RuntimeError(f"the bench app could not be installed: {body}")
+        return str(body["installId"])
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def _child_settings(settings: Settings, data: Path, port: int) -> dict[str, str]:
+    """The operator's runtimes, sandbox and admission settings; a data dir, SQLite store,
+    port and secrets key of its own; no rate limit in the way of the clients."""
+    keep = ("node", "python", "nsjail", "sandbox_uid_base", "sandbox_uid_count",
+            "uid_lock_dir", "memory_mb", "pids", "tmp_mb", "file_mb", "open_files",
+            "cpu_ms_per_sec", "warm_jails", "max_concurrent_runs", "max_queued_runs",
+            "check_budget_ms")  # fmt: skip
+    env = {f"RUNNERD_{k.upper()}": str(getattr(settings, k)) for k in keep
+           if getattr(settings, k) is not None}  # fmt: skip
+    env.update({
+        "RUNNERD_DATA_DIR": str(data),
+        "RUNNERD_TOOLCHAIN_DIR": str(settings.toolchain_path),
+        "RUNNERD_HOST": "127.0.0.1",
+        "RUNNERD_PORT": str(port),
+        "RUNNERD_RATE_LIMIT_PER_SECOND": "1000000",
+        "RUNNERD_RATE_LIMIT_BURST": "1000000",
+        "RUNNERD_LOG_LEVEL": "warning",
+    })  # fmt: skip
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _app_files(with_js: bool) -> dict[str, bytes]:
+    files = {"agentserve.app.yaml": b"slug: bench\nname: Bench\ntools: ./*\n"}
+    tools = [("bench_py", ".py", PY_TOOL)] + ([("bench_js", ".mjs", JS_TOOL)] if with_js else [])
+    for name, ext, source in tools:
+        doc = {"name": name, "description": "Returns n.", "input": SCHEMA, "output": SCHEMA}
+        files[f"{name}.tool.yaml"] = json.dumps(doc).encode()
+        files[f"{name}{ext}"] = source.encode()
+    return files
+
+
+# --- the cases --------------------------------------------------------------------------------
+
+
+def _timed(fn: Callable[[], bool], count: int, pause_s: float = 0.0) -> Stats:
+    """``fn`` ``count`` times in a row (after one untimed call); it returns success."""
+    fn()
+    ms, failed = [], 0
+    for _ in range(count):
+        if pause_s:
+            time.sleep(pause_s)
+        start = time.perf_counter()
+        failed += not fn()
+        ms.append((time.perf_counter() - start) * 1000)
+    return Stats.of(ms, failed=failed)
+
+
+def _load(workers: list[Callable[[], bool]], seconds: float) -> Stats:
+    """Each worker called in a loop by a thread of its own for ``seconds``."""
+    ms: list[list[float]] = [[] for _ in workers]
+    failed = [0] * len(workers)
+    start_line = threading.Barrier(len(workers) + 1)
+    stop_at = [0.0]
+
+    def loop(i: int) -> None:
+        start_line.wait()
+        while time.monotonic() < stop_at[0]:
+            began = time.perf_counter()
+            failed[i] += not workers[i]()
+            ms[i].append((time.perf_counter() - began) * 1000)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(len(workers))]
+    for thread in threads:
+        thread.start()
+    stop_at[0] = time.monotonic() + seconds
+    began = time.monotonic()
+    start_line.wait()
+    for thread in threads:
+        thread.join()
+    every = [x for row in ms for x in row]
+    return Stats.of(every, rate=len(every) / (time.monotonic() - began), failed=sum(failed))
+
+
+def _burst(daemon: _Daemon, path: str, count: int) -> Stats:
+    """``count`` calls at the same moment, each on a connection of its own."""
+    conns = [daemon.connect() for _ in range(count)]
+    for conn in conns:
+        conn.connect()
+    ms = [0.0] * count
+    ok = [False] * count
+    start_line = threading.Barrier(count)
+
+    def one(i: int) -> None:
+        start_line.wait()
+        began = time.perf_counter()
+        with contextlib.suppress(OSError):
+            ok[i] = _ran(daemon.request("POST", path, {"input": {"n": i}}, conns[i]))
+        ms[i] = (time.perf_counter() - began) * 1000
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for conn in conns:
+        conn.close()
+    return Stats.of(ms, failed=ok.count(False))
+
+
+def _ran(answer: tuple[int, Any]) -> bool:
+    status, body = answer
+    return status == 200 and isinstance(body, dict) and body.get("status") == "succeeded"
+
+
+def _caller(daemon: _Daemon, path: str) -> Callable[[], bool]:
+    """A client on one keep-alive connection, calling ``path``."""
+    conn = daemon.connect()
+    n = [0]
+
+    def call() -> bool:
+        n[0] += 1
+        return _ran(daemon.request("POST", path, {"input": {"n": n[0]}}, conn))
+
+    return call
+
+
+def bare_jail(engine: Engine, argv: list[str], mounts: tuple[str, ...]) -> list[str]:
+    """nsjail starting ``argv`` with runnerd's limits and nothing else: the floor of any
+    sandboxed run here."""
+    uid = engine.settings.sandbox_uid_base
+    cmd = [engine.sandbox.nsjail, "--mode", "o", "--really_quiet", "--user", f"1000:{uid}:1",
+           "--group", f"1000:{uid}:1", "--disable_proc", "--rlimit_as", "inf"]  # fmt: skip
+    if engine.cgroups.enabled:
+        cmd += [*engine.cgroups.nsjail_args, "--cgroup_mem_max",
+                str(engine.settings.memory_mb << 20), "--cgroup_pids_max", "64"]  # fmt: skip
+    for mount in mounts:
+        cmd += ["--bindmount_ro", mount]
+    return [*cmd, "--", *argv]
+
+
+def _spawner(argv: list[str]) -> Callable[[], bool]:
+    env = clean_env()
+    return lambda: subprocess.run(argv, env=env, stdout=subprocess.DEVNULL).returncode == 0
+
+
+def _cold_tool(engine: Engine, name: str, ext: str, source: str) -> Tool:
+    doc = {"name": name, "description": "Returns n.", "input": SCHEMA, "output": SCHEMA}
+    files = {
+        "agentserve.app.yaml": b"slug: bench\nname: Bench\ntools: ./*\n",
+        f"{name}.tool.yaml": json.dumps(doc).encode(),
+        f"{name}{ext}": source.encode(),
+    }
+    [tool] = load_bundle(files, toolchain=engine.toolchain).tools
+    return tool
+
+
+async def _cold_runs(engine: Engine, tools: dict[str, Tool], count: int) -> dict[str, Stats]:
+    """Each tool ``count`` times, each run in a jail started for it (no warm pool), as
+    the daemon calls it; one event loop for all, so every jail's end is awaited."""
+    found = {}
+    try:
+        for label, tool in tools.items():
+            await engine.runner.run(tool, {"n": 0}, logs=False)  # the page cache
+            ms, failed = [], 0
+            for i in range(count):
+                began = time.perf_counter()
+                result = await engine.runner.run(tool, {"n": i}, logs=False)
+                ms.append((time.perf_counter() - began) * 1000)
+                failed += result.status != "succeeded"
+            found[label] = Stats.of(ms, failed=failed)
+    finally:
+        await engine.sandbox.close()
+    return found
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[Path]:
+    data = Path(tempfile.mkdtemp(prefix="runnerd-bench-", dir="/tmp"))
+    data.chmod(0o711)  # jails reach the tool code under it
+    try:
+        yield data
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def run_bench(
+    settings: Settings, *, quick: bool = False, say: Callable[[str], None] = lambda _: None
+) -> Bench:
+    """Every case, in an order that keeps them apart: baselines, cold runs, then the
+    daemon (idle memory, list tools, paced, back to back, 8 clients, burst, memory)."""
+    sizes = QUICK if quick else FULL
+    with _scratch() as data:
+        cold = msgspec.structs.replace(
+            settings, data_dir=data / "cold", cache_dir=None, toolchain_dir=settings.toolchain_path
+        )
+        engine = build_engine(cold)
+        rt = engine.runtimes
+        with_js = rt.node is not None and engine.toolchain.is_installed()
+        bench = Bench(machine={
+            "runnerd": runnerd.__version__,
+            "mode": "quick" if quick else "full",
+            "cpus": os.cpu_count(),
+            "cgroups": engine.cgroups.mode,
+            "python": rt.python.version if rt.python else None,
+            "node": rt.node.version if rt.node else None,
+            "warm_jails": settings.warm_jails,
+            "max_concurrent_runs": settings.max_concurrent_runs,
+        })  # fmt: skip
+        if rt.node is None:
+            bench.skipped.append("JS and TypeScript cases: no Node.js (setting node)")
+        elif not with_js:
+            bench.skipped.append(
+                "JS and TypeScript cases: no toolchain (`runnerd toolchain install`)"
+            )
+        c = bench.cases
+        if rt.python is not None:
+            say("baselines: bare python, bare nsjail + python")
+            bare_py = [rt.python.executable, "-I", "-S", "-c", "pass"]
+            c["bare python3 -I -S -c pass"] = _timed(_spawner(bare_py), sizes.runs)
+            jailed_py = bare_jail(engine, bare_py, rt.python.mounts)
+            c["bare nsjail + python"] = _timed(_spawner(jailed_py), sizes.runs)
+            for workers in (2, CLIENTS):
+                c[f"bare nsjail + python, {workers} workers"] = _load(
+                    [_spawner(jailed_py)] * workers, sizes.spawn_s
+                )
+        if rt.node is not None:
+            say("baselines: bare node, bare nsjail + node")
+            c["bare node -e 0"] = _timed(_spawner([rt.node.path, "-e", "0"]), sizes.runs)
+            jailed_node = bare_jail(engine, [rt.node.path, "-e", "0"], rt.node.mounts)
+            c["bare nsjail + node"] = _timed(_spawner(jailed_node), sizes.runs)
+        say("cold runs: no warm jail")
+        cold_tools = [("Python", "cold_py", ".py", PY_TOOL)]
+        if with_js:
+            cold_tools += [("JS", "cold_js", ".mjs", JS_TOOL), ("TS", "cold_ts", ".ts", TS_TOOL)]
+        cold_jobs = {f"cold {label} tool": _cold_tool(engine, name, ext, source)
+                 for label, name, ext, source in cold_tools}  # fmt: skip
+        c.update(asyncio.run(_cold_runs(engine, cold_jobs, sizes.runs)))
+
+        say("starting a throwaway daemon")
+        daemon = _Daemon(settings, data / "daemon")
+        try:
+            install = daemon.install(_app_files(with_js))
+            runs = f"/api/v2/apps/installs/{install}/tools/{{}}/run"
+            py, js = runs.format("bench_py"), runs.format("bench_js")
+            time.sleep(1)  # the pools of both kinds are warm again after the deploy
+            bench.memory_mb["idle"] = daemon.rss_mb()
+            say("list tools, paced and back-to-back calls")
+            conn = daemon.connect()
+            tools = f"/api/v2/apps/tools?workspaceId={daemon.workspace_id}"
+            c["list tools"] = _timed(
+                lambda: daemon.request("GET", tools, conn=conn)[0] == 200, sizes.list_calls
+            )
+            c["Python tool, paced"] = _timed(_caller(daemon, py), sizes.paced, pause_s=0.15)
+            c["Python tool, back to back"] = _timed(_caller(daemon, py), sizes.back_to_back_py)
+            if with_js:
+                c["JS tool, paced"] = _timed(_caller(daemon, js), sizes.paced, pause_s=0.15)
+                c["JS tool, back to back"] = _timed(_caller(daemon, js), sizes.back_to_back_js)
+            say(f"{CLIENTS} clients for {sizes.load_s:g} s")
+            c[f"Python tool, {CLIENTS} clients"] = _load(
+                [_caller(daemon, py) for _ in range(CLIENTS)], sizes.load_s
+            )
+            bench.memory_mb["after load"] = daemon.rss_mb()
+            say(f"a burst of {BURST} calls after {sizes.idle_s:g} s idle")
+            time.sleep(sizes.idle_s)
+            c[f"Python tool, burst of {BURST}"] = _burst(daemon, py, BURST)
+            bench.memory_mb["after the burst"] = daemon.rss_mb()
+        finally:
+            daemon.close()
+    return bench

@@ -1,0 +1,51 @@
+"""`runnerd bench --quick`: the command users run to measure their own machine. It
+works end to end; no timing is asserted (docs/BENCHMARKS.md holds the figures)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from runnerd.bench import BURST, CLIENTS, Bench, Stats
+
+pytestmark = pytest.mark.jail
+
+
+def test_bench_quick_measures_every_case_against_the_bare_baselines(
+    toolchain: object, toolchain_dir: Path, tmp_path: Path
+) -> None:
+    env = {
+        "RUNNERD_DATA_DIR": str(tmp_path / "operator"),  # never touched: bench uses its own
+        "RUNNERD_TOOLCHAIN_DIR": str(toolchain_dir),
+        "RUNNERD_SANDBOX_UID_BASE": "640000",
+        "RUNNERD_SANDBOX_UID_COUNT": "128",
+    }
+    done = run_cli("bench", "--quick", "--json", env=env, timeout=180)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    cases = {name: Stats(**stats) for name, stats in found["cases"].items()}
+    expected = {
+        "bare python3 -I -S -c pass", "bare nsjail + python", "bare nsjail + python, 2 workers",
+        f"bare nsjail + python, {CLIENTS} workers", "bare node -e 0", "bare nsjail + node",
+        "cold Python tool", "cold JS tool", "cold TS tool", "list tools",
+        "Python tool, paced", "Python tool, back to back", "JS tool, paced",
+        "JS tool, back to back", f"Python tool, {CLIENTS} clients",
+        f"Python tool, burst of {BURST}",
+    }  # fmt: skip
+    assert set(cases) == expected, set(cases) ^ expected
+    assert all(s.n > 0 and 0 < s.p50 <= s.p95 <= s.p99 <= s.max for s in cases.values())
+    # Every run succeeded: under max_queued_runs no call is refused, the burst included.
+    assert {name: s.failed for name, s in cases.items() if s.failed} == {}
+    assert cases[f"Python tool, burst of {BURST}"].n == BURST
+    assert cases[f"Python tool, {CLIENTS} clients"].rate
+    assert set(found["memoryMb"]) == {"idle", "after load", "after the burst"}
+    assert all(target["value"] is not None for target in found["targets"]), found["targets"]
+    assert found["skipped"] == []
+    assert not (tmp_path / "operator").exists()
+    # The people's report (without --json): every case, and what it is read against.
+    table = Bench(found["machine"], cases, found["memoryMb"]).report()
+    assert all(name in table for name in expected)
+    assert "back to back / paced, p50, Python" in table and "cold TS / bare nsjail" in table
