@@ -173,7 +173,7 @@ def run(i):
 
 
 def test_write_outside_tmp(engine: Engine) -> None:
-    paths = ["/tool/t.py", "/usr/evil", "/etc/evil", "/evil", "/sandbox/harness_py.py"]
+    paths = ["/tool/t.py", "/usr/evil", "/etc/evil", "/evil", engine.sandbox.python_harness]
     out = report(engine, WRITE, {"paths": paths})
     assert all(v != "written" for v in out.values()), out
 
@@ -835,7 +835,9 @@ def test_the_python_jail_shows_exactly_its_runtime(engine: Engine, tmp_path: Pat
     runtime = engine.runtimes.python
     assert runtime is not None
     out = tool_test(engine, tmp_path, WALK_PY)
-    expected = _expected_view(runtime.mounts, [*JAIL_DEVICES, "/sandbox/harness_py.py"])
+    # The harness as bytecode, compiled once for the jails' interpreter.
+    assert engine.sandbox.python_harness == "/sandbox/harness_py.pyc"
+    expected = _expected_view(runtime.mounts, [*JAIL_DEVICES, engine.sandbox.python_harness])
     assert set(out["paths"]) == expected
     assert not any(p.startswith("/usr/lib/x86_64-linux-gnu/perl") for p in out["paths"])
     assert out["setid"] == []

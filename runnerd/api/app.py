@@ -32,10 +32,11 @@ from runnerd.api.routes import OPS
 from runnerd.api.state import AppState
 from runnerd.calls import Calls
 from runnerd.config import Settings
+from runnerd.deferred import AnswerFirst
 from runnerd.errors import DatabaseUnavailable
 from runnerd.logs import RequestIds
 from runnerd.run.engine import build_engine
-from runnerd.run.jail import JailKind
+from runnerd.run.jail import JailKind, watch_children_with_pidfds
 from runnerd.store import Store, StoreUnavailable
 from runnerd.vault import Vault
 from runnerd.web.cookies import CookieSigner
@@ -136,6 +137,7 @@ def create_app(settings: Settings) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        watch_children_with_pidfds()
         engine = build_engine(settings, warm=settings.warm_jails)
         for line in engine.report():
             log.info("%s", line)
@@ -223,6 +225,7 @@ def create_app(settings: Settings) -> Starlette:
     return Starlette(
         routes=routes,
         lifespan=lifespan,
-        middleware=[Middleware(RequestIds), Middleware(SecurityHeaders)],
+        # AnswerFirst outermost: what runs after an answer waits for all of it.
+        middleware=[Middleware(AnswerFirst), Middleware(RequestIds), Middleware(SecurityHeaders)],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error},
     )

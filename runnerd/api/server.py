@@ -88,6 +88,10 @@ def serve(app: Starlette, settings: Settings) -> None:
         port=settings.port,
         log_level=settings.log_level,
         log_config=None,  # runnerd.logs configured every logger, uvicorn's too
+        # Measured (docs/BENCHMARKS.md): httptools parses a request ~0.1 ms faster than h11;
+        # uvloop made calls slower (its child processes), so never pick it up by chance.
+        http="httptools",
+        loop="asyncio",
         timeout_graceful_shutdown=2,  # runs had their grace already: end open requests
     )
     _Server(config, app, settings.stop_grace_s).run()

@@ -84,7 +84,9 @@ def build_engine(settings: Settings, *, warm: int = 0) -> Engine:
         limits=limits,
         warm=warm,
         proxy=proxy,
-        harness_dir=reachable_harnesses(mounts / "harness"),
+        harness_dir=reachable_harnesses(
+            mounts / "harness", runtimes.python.executable if runtimes.python else None
+        ),
     )
     envs = EnvManager(mounts / "envs", sandbox=sandbox, settings=settings)
     runner = Runner(

@@ -8,7 +8,7 @@ never written to disk or logged here; errors and logs are scrubbed of secrets.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import hashlib
 import time
 from collections.abc import Mapping
@@ -21,6 +21,7 @@ from runnerd.checks.checker import Checker, CheckTimedOut, Validators
 from runnerd.checks.nesting import nesting_over
 from runnerd.checks.schemas import SchemaError
 from runnerd.constants import MAX_ERROR_CHARS, MAX_INPUT_BYTES, MAX_JSON_DEPTH, MAX_OUTPUT_BYTES
+from runnerd.deferred import after_answer
 from runnerd.errors import RunnerdError
 from runnerd.run.envs import EnvManager
 from runnerd.run.jail import EGRESS_SOCKET, Job, Outcome, Sandbox
@@ -295,8 +296,8 @@ class Runner:
         finally:
             # The run is over for the network too: its credential dies, its tunnels close.
             figures = proxy.end_run(grant) if proxy is not None and grant is not None else None
-            # After the answer is on its way: the next jail's fork would delay it.
-            asyncio.get_running_loop().call_soon(self.sandbox.refill, job.kind)
+            # After the answer is sent: the next jail's fork would delay it.
+            after_answer(functools.partial(self.sandbox.refill, job.kind))
         result.egress = figures
         result.duration_ms = round((time.monotonic() - started + checked_before) * 1000)
         return result

@@ -1,0 +1,70 @@
+"""Work after an answer (runnerd/deferred.py): the next warm jail's start waits until
+the answer that made room for it has been sent."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from runnerd.deferred import AnswerFirst, after_answer
+from runnerd.run.jail import watch_children_with_pidfds
+
+
+def _scope() -> dict[str, Any]:
+    return {"type": "http", "method": "GET", "path": "/", "raw_path": b"/", "root_path": "",
+            "scheme": "http", "query_string": b"", "headers": [], "http_version": "1.1",
+            "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1234)}  # fmt: skip
+
+
+def test_work_given_during_a_request_runs_once_its_answer_is_sent() -> None:
+    events: list[str] = []
+
+    async def endpoint(request: Request) -> PlainTextResponse:
+        after_answer(lambda: events.append("work"))
+        # A task the request started (the run engine's own) hands work over the same way.
+        await asyncio.ensure_future(_later(events))
+        return PlainTextResponse("ok")
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        events.append(message["type"])
+
+    app = AnswerFirst(Starlette(routes=[Route("/", endpoint)]))
+    asyncio.run(app(_scope(), receive, send))  # type: ignore[arg-type]
+    assert events == ["http.response.start", "http.response.body", "work", "task work"]
+
+
+async def _later(events: list[str]) -> None:
+    after_answer(lambda: events.append("task work"))
+
+
+def test_work_outside_a_request_runs_on_the_next_turn_of_the_loop() -> None:
+    events: list[str] = []
+
+    async def main() -> None:
+        after_answer(lambda: events.append("work"))
+        events.append("after the call")
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert events == ["after the call", "work"]
+
+
+def test_jails_are_awaited_through_pidfds_not_a_thread_each() -> None:
+    async def main() -> int:
+        assert watch_children_with_pidfds()  # Linux >= 5.3, Python 3.11
+        assert isinstance(asyncio.get_child_watcher(), asyncio.PidfdChildWatcher)
+        proc = await asyncio.create_subprocess_exec("/bin/sh", "-c", "exit 3")
+        return await proc.wait()
+
+    try:
+        assert asyncio.run(main()) == 3
+    finally:
+        asyncio.set_child_watcher(None)  # the next loops of this process: the default
