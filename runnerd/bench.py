@@ -105,6 +105,8 @@ class Bench:
     machine: dict[str, Any]
     cases: dict[str, Stats] = field(default_factory=dict)
     memory_mb: dict[str, float] = field(default_factory=dict)
+    # The machine's CPU time per run under load (8 at once), and where it went.
+    cpu_ms: dict[str, float] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
 
     def ratio(self, ours: str, base: str, *, of: str = "p50") -> float | None:
@@ -124,6 +126,7 @@ class Bench:
         spawn = max((c[k].rate or 0 for k in c if k.startswith("bare nsjail + python,")),
                     default=None)  # fmt: skip
         load = c.get("Python tool, 8 clients")
+        cpu = self.cpu_ms
         burst = c.get(f"Python tool, burst of {BURST}")
         rows: list[tuple[str, float | None, str, Callable[[float], bool]]] = [
             ("paced p50, Python (ms)", _get(c, "Python tool, paced", "p50"), "<= 3",
@@ -135,6 +138,9 @@ class Bench:
             ("8 clients runs/s / bare spawn rate",
              (load.rate or 0) / spawn if load and spawn else None, ">= 0.85x",
              lambda v: v >= 0.85),
+            ("CPU per run: bare spawn / runnerd run",
+             cpu["bare spawn"] / cpu["runnerd run"] if {"bare spawn", "runnerd run"} <= set(cpu)
+             else None, "report", lambda v: True),
             ("8 clients p99 / p50", load.p99 / load.p50 if load else None, "<= 3x",
              lambda v: v <= 3),
             ("8 clients, answers other than 200", float(load.failed) if load else None, "0",
@@ -156,6 +162,7 @@ class Bench:
             "machine": self.machine,
             "cases": {name: asdict(s) for name, s in self.cases.items()},
             "memoryMb": self.memory_mb,
+            "cpuMsPerRun": self.cpu_ms,
             "targets": [
                 {"what": w, "value": v, "target": t, "met": m} for w, v, t, m in self.targets()
             ],
@@ -178,6 +185,9 @@ class Bench:
         if self.memory_mb:
             lines += ["", "daemon RSS: " + ", ".join(
                 f"{k} {v:.0f} MB" for k, v in self.memory_mb.items())]  # fmt: skip
+        if self.cpu_ms:
+            lines += ["", "CPU time per run under load (all cores): " + ", ".join(
+                f"{k} {v:.1f} ms" for k, v in self.cpu_ms.items())]  # fmt: skip
         lines += ["", f"{'read against':44} {'value':>8} {'target':>9}  met"]
         for what, value, target, met in self.targets():
             shown = "-" if value is None else f"{value:8.2f}"
@@ -340,6 +350,32 @@ def _timed(fn: Callable[[], bool], count: int, pause_s: float = 0.0) -> Stats:
         failed += not fn()
         ms.append((time.perf_counter() - start) * 1000)
     return Stats.of(ms, failed=failed)
+
+
+class _Cpu:
+    """CPU seconds spent meanwhile: by the whole machine (every core, kernel included),
+    by this process (the clients), and by ``pid`` (the daemon)."""
+
+    def __init__(self, pid: int | None = None) -> None:
+        self.pid = pid
+        self.start = self._now()
+
+    def _now(self) -> tuple[float, float, float]:
+        tick = os.sysconf("SC_CLK_TCK")
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        machine = (sum(fields) - fields[3] - fields[4]) / tick  # all but idle and iowait
+        own = sum(os.times()[:2])
+        daemon = 0.0
+        if self.pid is not None:
+            stat = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            daemon = (int(stat[11]) + int(stat[12])) / tick
+        return machine, own, daemon
+
+    def per(self, count: int) -> tuple[float, float, float]:
+        """(machine, clients, daemon) ms per one of ``count``."""
+        (m0, c0, d0), (m1, c1, d1) = self.start, self._now()
+        n = max(count, 1)
+        return (m1 - m0) * 1000 / n, (c1 - c0) * 1000 / n, (d1 - d0) * 1000 / n
 
 
 def _load(workers: list[Callable[[], bool]], seconds: float) -> Stats:
@@ -507,9 +543,12 @@ def run_bench(
             jailed_py = bare_jail(engine, bare_py, rt.python.mounts)
             c["bare nsjail + python"] = _timed(_spawner(jailed_py), sizes.runs)
             for workers in (2, CLIENTS):
-                c[f"bare nsjail + python, {workers} workers"] = _load(
+                cpu = _Cpu()
+                c[f"bare nsjail + python, {workers} workers"] = spawned = _load(
                     [_spawner(jailed_py)] * workers, sizes.spawn_s
                 )
+            machine, clients, _ = cpu.per(spawned.n)
+            bench.cpu_ms["bare spawn"] = machine - clients  # the spawner is no jail's cost
         if rt.node is not None:
             say("baselines: bare node, bare nsjail + node")
             c["bare node -e 0"] = _timed(_spawner([rt.node.path, "-e", "0"]), sizes.runs)
@@ -543,9 +582,13 @@ def run_bench(
                 c["JS tool, paced"] = _timed(_caller(daemon, js), sizes.paced, pause_s=0.15)
                 c["JS tool, back to back"] = _timed(_caller(daemon, js), sizes.back_to_back_js)
             say(f"{CLIENTS} clients for {sizes.load_s:g} s")
-            c[f"Python tool, {CLIENTS} clients"] = _load(
-                [_caller(daemon, py) for _ in range(CLIENTS)], sizes.load_s
-            )
+            callers = [_caller(daemon, py) for _ in range(CLIENTS)]
+            cpu = _Cpu(daemon.proc.pid)
+            c[f"Python tool, {CLIENTS} clients"] = loaded = _load(callers, sizes.load_s)
+            machine, clients, served = cpu.per(loaded.n)
+            bench.cpu_ms.update({"runnerd run": machine - clients, "daemon": served,
+                                 "jails and kernel": machine - clients - served,
+                                 "clients": clients})  # fmt: skip
             bench.memory_mb["after load"] = daemon.rss_mb()
             say(f"a burst of {BURST} calls after {sizes.idle_s:g} s idle")
             time.sleep(sizes.idle_s)

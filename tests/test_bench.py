@@ -42,10 +42,13 @@ def test_bench_quick_measures_every_case_against_the_bare_baselines(
     assert cases[f"Python tool, burst of {BURST}"].n == BURST
     assert cases[f"Python tool, {CLIENTS} clients"].rate
     assert set(found["memoryMb"]) == {"idle", "after load", "after the burst"}
+    cpu = found["cpuMsPerRun"]
+    assert set(cpu) == {"bare spawn", "runnerd run", "daemon", "jails and kernel", "clients"}
+    assert cpu["runnerd run"] == pytest.approx(cpu["daemon"] + cpu["jails and kernel"])
     assert all(target["value"] is not None for target in found["targets"]), found["targets"]
     assert found["skipped"] == []
     assert not (tmp_path / "operator").exists()
     # The people's report (without --json): every case, and what it is read against.
-    table = Bench(found["machine"], cases, found["memoryMb"]).report()
+    table = Bench(found["machine"], cases, found["memoryMb"], cpu).report()
     assert all(name in table for name in expected)
     assert "back to back / paced, p50, Python" in table and "cold TS / bare nsjail" in table
