@@ -32,9 +32,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from egress_lab import HTTPS_PORT, egress_lab
+from runnerd.bench import bench_tool
 from runnerd.config import load_settings
 from runnerd.run.engine import Engine, build_engine
-from runnerd.upload.bundle import Tool, load_bundle
+from runnerd.upload.bundle import Tool
 
 CALL = """\
 import ssl, time, urllib.request
@@ -55,18 +56,6 @@ def run(input):
     ssl.create_default_context(cadata=input["ca"])
     return {}
 """
-
-
-def _tool(engine: Engine, name: str, source: str) -> Tool:
-    doc = {"name": name, "description": "bench", "input": {"type": "object"},
-           "output": {"type": "object"}}  # fmt: skip
-    files = {
-        "agentserve.app.yaml": b"slug: bench\nname: Bench\ntools: ./*\n",
-        f"{name}.tool.yaml": json.dumps(doc).encode(),
-        f"{name}.py": source.encode(),
-    }
-    [tool] = load_bundle(files, toolchain=engine.toolchain).tools
-    return tool
 
 
 def engine_python() -> str:
@@ -141,10 +130,10 @@ def main() -> None:
         value = {"url": url, "ca": lab.ca_pem}
         engine = build_engine(settings, warm=2)
         call_whole, call_inside = asyncio.run(
-            _runs(engine, _tool(engine, "call", CALL), value, grant, args.runs)
+            _runs(engine, bench_tool(engine, "call", ".py", CALL), value, grant, args.runs)
         )
         engine = build_engine(settings, warm=2)
-        prepare = _tool(engine, "prepare", PREPARE)
+        prepare = bench_tool(engine, "prepare", ".py", PREPARE)
         plain_whole, _ = asyncio.run(_runs(engine, prepare, value, (), args.runs))
     direct_median, through = _median(direct_ms), _median(call_inside)
     whole, without = _median(call_whole), _median(plain_whole)

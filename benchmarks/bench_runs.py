@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import subprocess
 import tempfile
@@ -20,27 +19,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from runnerd.bench import bare_jail
+from runnerd.bench import bare_jail, bench_tool
 from runnerd.config import load_settings
 from runnerd.run.engine import Engine, build_engine
 from runnerd.run.runtimes import clean_env
-from runnerd.upload.bundle import Tool, load_bundle
-
-
-def _tool(engine: Engine, name: str, ext: str, source: str) -> Tool:
-    doc = {
-        "name": name,
-        "description": "bench",
-        "input": {"type": "object"},
-        "output": {"type": "object"},
-    }
-    files = {
-        "agentserve.app.yaml": b"slug: bench\nname: Bench\ntools: ./*\n",
-        f"{name}.tool.yaml": json.dumps(doc).encode(),
-        f"{name}{ext}": source.encode(),
-    }
-    [tool] = load_bundle(files, toolchain=engine.toolchain).tools
-    return tool
+from runnerd.upload.bundle import Tool
 
 
 def _time(fn: Callable[[], object], runs: int) -> list[float]:
@@ -90,9 +73,9 @@ def main() -> None:
 
         return go
 
-    py_tool = _tool(engine, "py", ".py", "def run(input):\n    return {'n': input['n']}\n")
-    js_tool = _tool(engine, "js", ".mjs", "export function run(i) { return { n: i.n } }\n")
-    ts_tool = _tool(
+    py_tool = bench_tool(engine, "py", ".py", "def run(input):\n    return {'n': input['n']}\n")
+    js_tool = bench_tool(engine, "js", ".mjs", "export function run(i) { return { n: i.n } }\n")
+    ts_tool = bench_tool(
         engine, "ts", ".ts", "export function run(i: { n: number }) {\n  return { n: i.n }\n}\n"
     )
     rows = {

@@ -44,7 +44,7 @@ from runnerd.run.runtimes import clean_env
 from runnerd.store import Store
 from runnerd.upload.bundle import Tool, load_bundle
 
-__all__ = ["Bench", "bare_jail", "run_bench"]
+__all__ = ["Bench", "bare_jail", "bench_tool", "run_bench"]
 
 PY_TOOL = "def run(input):\n    return {'n': input.get('n', 0)}\n"
 JS_TOOL = "export function run(input) { return { n: input.n ?? 0 } }\n"
@@ -326,14 +326,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _app_files(with_js: bool) -> dict[str, bytes]:
+def _app_files(tools: list[tuple[str, str, str]]) -> dict[str, bytes]:
+    """An app of trivial tools: (name, file extension, source) each."""
     files = {"agentserve.app.yaml": b"slug: bench\nname: Bench\ntools: ./*\n"}
-    tools = [("bench_py", ".py", PY_TOOL)] + ([("bench_js", ".mjs", JS_TOOL)] if with_js else [])
     for name, ext, source in tools:
         doc = {"name": name, "description": "Returns n.", "input": SCHEMA, "output": SCHEMA}
         files[f"{name}.tool.yaml"] = json.dumps(doc).encode()
         files[f"{name}{ext}"] = source.encode()
     return files
+
+
+def bench_tool(engine: Engine, name: str, ext: str, source: str) -> Tool:
+    """One trivial tool, checked as an upload checks it, for the run engine."""
+    [tool] = load_bundle(_app_files([(name, ext, source)]), toolchain=engine.toolchain).tools
+    return tool
 
 
 # --- the cases --------------------------------------------------------------------------------
@@ -466,17 +472,6 @@ def _spawner(argv: list[str]) -> Callable[[], bool]:
     return lambda: subprocess.run(argv, env=env, stdout=subprocess.DEVNULL).returncode == 0
 
 
-def _cold_tool(engine: Engine, name: str, ext: str, source: str) -> Tool:
-    doc = {"name": name, "description": "Returns n.", "input": SCHEMA, "output": SCHEMA}
-    files = {
-        "agentserve.app.yaml": b"slug: bench\nname: Bench\ntools: ./*\n",
-        f"{name}.tool.yaml": json.dumps(doc).encode(),
-        f"{name}{ext}": source.encode(),
-    }
-    [tool] = load_bundle(files, toolchain=engine.toolchain).tools
-    return tool
-
-
 async def _cold_runs(engine: Engine, tools: dict[str, Tool], count: int) -> dict[str, Stats]:
     """Each tool ``count`` times, each run in a jail started for it (no warm pool), as
     the daemon calls it; one event loop for all, so every jail's end is awaited."""
@@ -558,14 +553,16 @@ def run_bench(
         cold_tools = [("Python", "cold_py", ".py", PY_TOOL)]
         if with_js:
             cold_tools += [("JS", "cold_js", ".mjs", JS_TOOL), ("TS", "cold_ts", ".ts", TS_TOOL)]
-        cold_jobs = {f"cold {label} tool": _cold_tool(engine, name, ext, source)
+        cold_jobs = {f"cold {label} tool": bench_tool(engine, name, ext, source)
                  for label, name, ext, source in cold_tools}  # fmt: skip
         c.update(asyncio.run(_cold_runs(engine, cold_jobs, sizes.runs)))
 
         say("starting a throwaway daemon")
         daemon = _Daemon(settings, data / "daemon")
         try:
-            install = daemon.install(_app_files(with_js))
+            tools_of_app = [("bench_py", ".py", PY_TOOL)]
+            tools_of_app += [("bench_js", ".mjs", JS_TOOL)] * with_js
+            install = daemon.install(_app_files(tools_of_app))
             runs = f"/api/v2/apps/installs/{install}/tools/{{}}/run"
             py, js = runs.format("bench_py"), runs.format("bench_js")
             time.sleep(1)  # the pools of both kinds are warm again after the deploy
