@@ -391,8 +391,10 @@ def test_postgresql_down_is_503_with_retry_after_and_the_node_comes_back(
             assert down.headers["Retry-After"] == "5" and "did not answer" in error["message"]
             assert node.http.get("/readyz").status_code == 503
             cluster.start()
-            back = node.run(iid, "echo", {"text": "back"})
-            assert back.status_code == 200 and back.json()["output"]["echo"] == "back"
+            # Every worker thread's connection went stale with the restart: none may cost
+            # a call a 503 once the database is back.
+            backs = [node.run(iid, "echo", {"text": "back"}) for _ in range(10)]
+            assert [b.status_code for b in backs] == [200] * 10, [b.text for b in backs]
             statuses: dict[str, str] = {}
             for _ in range(100):
                 store = node.store()
@@ -403,7 +405,7 @@ def test_postgresql_down_is_503_with_retry_after_and_the_node_comes_back(
                 time.sleep(0.1)
             assert statuses[slow_id] == "succeeded"
             # No row for the call refused while the database was away.
-            assert sorted(statuses.values()) == ["succeeded"] * 3, statuses
+            assert sorted(statuses.values()) == ["succeeded"] * 12, statuses
     finally:
         cluster.stop()
 

@@ -237,6 +237,9 @@ class PostgresDatabase:
         self._loader = _IntegralNumeric
         self._dict_row = psycopg.rows.dict_row
         self._local = threading.local()
+        # Bumped when a connection fails: every thread then makes its own again before
+        # its next statement (after a restart or failover, all of them are stale).
+        self._generation = 0
         self._opened: list[Any] = []  # every thread's connection, to close them all
         self._opened_lock = threading.Lock()
         try:
@@ -268,8 +271,13 @@ class PostgresDatabase:
         """This thread's connection, made again if the last one broke (PostgreSQL
         restarted)."""
         conn = getattr(self._local, "conn", None)
-        if conn is None or conn.closed or conn.broken:
+        stale = getattr(self._local, "generation", -1) != self._generation
+        if conn is None or conn.closed or conn.broken or stale:
+            generation = self._generation
+            if conn is not None and not conn.closed:
+                conn.close()
             conn = self._local.conn = self._connect()
+            self._local.generation = generation
             with self._opened_lock:
                 self._opened = [c for c in self._opened if not c.closed] + [conn]
         return conn
@@ -280,6 +288,7 @@ class PostgresDatabase:
         try:
             yield
         except (self._psycopg.OperationalError, self._psycopg.InterfaceError) as error:
+            self._generation += 1
             raise DatabaseUnavailable(_unreachable(self.where, error)) from None
 
     def execute(self, sql: str, params: Iterable[Any] = ()) -> Cursor:
