@@ -109,12 +109,10 @@ class Bench:
     cpu_ms: dict[str, float] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
 
-    def ratio(self, ours: str, base: str, *, of: str = "p50") -> float | None:
-        a, b = self.cases.get(ours), self.cases.get(base)
-        if a is None or b is None:
-            return None
-        x, y = getattr(a, of), getattr(b, of)
-        return x / y if y else None
+    def ratio(self, ours: str, base: str) -> float | None:
+        """p50 of ``ours`` / p50 of ``base``."""
+        a, b = _p50(self.cases, ours), _p50(self.cases, base)
+        return a / b if a is not None and b else None
 
     def targets(self) -> list[tuple[str, float | None, str, bool | None]]:
         """(what, value, target, met): the figures docs/BENCHMARKS.md reads."""
@@ -129,11 +127,11 @@ class Bench:
         cpu = self.cpu_ms
         burst = c.get(f"Python tool, burst of {BURST}")
         rows: list[tuple[str, float | None, str, Callable[[float], bool]]] = [
-            ("paced p50, Python (ms)", _get(c, "Python tool, paced", "p50"), "<= 3",
+            ("paced p50, Python (ms)", _p50(c, "Python tool, paced"), "<= 3",
              lambda v: v <= 3),
             ("back to back / paced, p50, Python", self.ratio("Python tool, back to back",
              "Python tool, paced"), "<= 1.2x", lambda v: v <= 1.2),
-            ("back to back p50, JS (ms)", _get(c, "JS tool, back to back", "p50"), "<= 5",
+            ("back to back p50, JS (ms)", _p50(c, "JS tool, back to back"), "<= 5",
              lambda v: v <= 5),
             ("8 clients runs/s / bare spawn rate",
              (load.rate or 0) / spawn if load and spawn else None, ">= 0.85x",
@@ -153,7 +151,7 @@ class Bench:
              "<= 1.2x", lambda v: v <= 1.2),
             ("cold Python / bare nsjail + python", self.ratio("cold Python tool",
              "bare nsjail + python"), "report", lambda v: True),
-            ("list tools p50 (ms)", _get(c, "list tools", "p50"), "report", lambda v: True),
+            ("list tools p50 (ms)", _p50(c, "list tools"), "report", lambda v: True),
         ]  # fmt: skip
         return [(what, value, target, check(value, ok)) for what, value, target, ok in rows]
 
@@ -197,9 +195,9 @@ class Bench:
         return "\n".join(lines)
 
 
-def _get(cases: dict[str, Stats], name: str, of: str) -> float | None:
+def _p50(cases: dict[str, Stats], name: str) -> float | None:
     found = cases.get(name)
-    return None if found is None else float(getattr(found, of))
+    return None if found is None else found.p50
 
 
 # --- the throwaway daemon ---------------------------------------------------------------------
