@@ -111,8 +111,9 @@ def test_version_keeps_every_file_and_the_content_hash(
 
 
 def test_ids_are_unique_and_sortable() -> None:
-    ids = [new_id("ver") for _ in range(1000)]
+    ids = [new_id("ver") for _ in range(1000)]  # many share a millisecond
     assert len(set(ids)) == 1000
+    assert ids == sorted(ids)  # in the order they were made
     assert all(i.startswith("ver_") and len(i) == 30 for i in ids)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -28,9 +29,22 @@ __all__ = [
 _CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
 
 
+_last_id = 0
+_id_lock = threading.Lock()
+
+
 def new_id(prefix: str) -> str:
-    """A sortable unique id: ``prefix_`` + 48-bit milliseconds + 80 random bits, base32."""
-    value = (int(time.time() * 1000) << 80) | secrets.randbits(80)
+    """A sortable unique id: ``prefix_`` + 48-bit milliseconds + 80 random bits, base32.
+
+    Ids made by one process only grow: within a millisecond (or if the clock steps
+    back) the next id is the last one plus one, so runs listed by id keep the order
+    in which they started."""
+    global _last_id
+    with _id_lock:
+        value = (int(time.time() * 1000) << 80) | secrets.randbits(80)
+        if value <= _last_id:
+            value = _last_id + 1
+        _last_id = value
     chars = []
     for _ in range(26):
         value, rem = divmod(value, 32)
