@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 import urllib.parse
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 
 from conftest import make_tool, run_tool
 from runnerd.run.engine import Engine
-from runnerd.run.runner import InputRejected
+from runnerd.run.runner import InputRejected, RunResult
 
 pytestmark = pytest.mark.jail
 
@@ -197,6 +198,42 @@ def test_tool_that_exits_without_a_result_is_failed(engine: Engine) -> None:
     result = run_tool(engine, tool)
     assert result.status == "failed"
     assert result.error == "the tool exited with code 3 without returning a result"
+
+
+@pytest.mark.parametrize(
+    ("ext", "source"),
+    [
+        (".py", "import os, time\ndef run(i):\n    os._exit = lambda code: time.sleep(1.5)\n"
+                "    return {'n': 1}\n"),
+        (".mjs", "export function run() {\n  process.exit = () => setTimeout(() => {}, 1500)\n"
+                 "  return { n: 1 }\n}\n"),
+    ],
+)  # fmt: skip
+def test_the_answer_comes_with_the_reply_not_with_the_jails_end(
+    engine: Engine, ext: str, source: str
+) -> None:
+    """The harness frames its reply with its length, so a call answers once the reply is
+    complete (nsjail holds the result pipe open until it exits): here the tool keeps its
+    jail alive 1.5 s after replying."""
+
+    async def call() -> tuple[RunResult, float]:
+        started = time.monotonic()
+        result = await engine.runner.run(make_tool(engine, source, ext=ext), {}, logs=False)
+        waited = time.monotonic() - started
+        await asyncio.sleep(2)  # the jail's end, in the background, before the loop closes
+        return result, waited
+
+    result, waited = asyncio.run(call())
+    assert (result.status, result.output) == ("succeeded", {"n": 1})
+    assert waited < 1.0
+
+
+def test_a_tool_writing_to_the_result_channel_gets_no_result(engine: Engine) -> None:
+    source = "import os, sys\ndef run(i):\n    os.write(int(sys.argv[1]), b'{}')\n    return {}\n"
+    tool = make_tool(engine, source)
+    result = run_tool(engine, tool, logs=False)
+    assert result.status == "failed"
+    assert result.error is not None and "is not a result" in result.error
 
 
 def test_prints_are_logs_not_results(engine: Engine) -> None:

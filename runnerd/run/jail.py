@@ -226,6 +226,44 @@ class _Capped(asyncio.Protocol):
         return b"".join(self.chunks)
 
 
+class _Reply(_Capped):
+    """The result channel. The harness frames its reply as ``LENGTH\n`` + JSON, so the
+    reply is complete when LENGTH bytes have come: nsjail holds its own copy of the
+    pipe's write end until it exits, so the pipe's end would come only after the jail's
+    exit and clean-up (about 2 ms after the reply). Anything else on the channel (a tool
+    that wrote to it) is read to the pipe's end and kept as it came."""
+
+    HEADER_MAX = 24
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(cap)
+        self.body: tuple[int, int] | None = None  # where the JSON starts, its length
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.body is None and not self.done.done():
+            head = b"".join(self.chunks)[: self.HEADER_MAX]
+            newline = head.find(b"\n")
+            if newline < 0:
+                if len(head) >= self.HEADER_MAX:
+                    self.body = (0, -1)  # not a frame: read to the end
+                return
+            digits = head[:newline]
+            self.body = (newline + 1, int(digits)) if digits.isdigit() else (0, -1)
+        if self.body is not None and self.body[1] >= 0 and not self.overflow:
+            start, length = self.body
+            if self.kept >= start + length and not self.done.done():
+                self.done.set_result(None)
+
+    @property
+    def value(self) -> bytes:
+        raw = b"".join(self.chunks)
+        if self.body is None or self.body[1] < 0:
+            return raw
+        start, length = self.body
+        return raw[start : start + length] if len(raw) == start + length else raw
+
+
 class _Jail:
     """A started nsjail process, its pipes read into capped buffers, its uid held."""
 
@@ -445,7 +483,7 @@ class Sandbox:
             os.close(result_w)
             os.close(log_w)
         loop = asyncio.get_running_loop()
-        result = _Capped(self.limits.output_bytes + 4096)  # the reply wraps the output
+        result = _Reply(self.limits.output_bytes + 4096)  # the reply wraps the output
         jail_log = _Capped(16 * 1024)
         logs = _Capped(self.limits.log_bytes)
         await loop.connect_read_pipe(lambda: result, os.fdopen(result_r, "rb", 0))
