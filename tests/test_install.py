@@ -119,7 +119,7 @@ def test_the_wheel_in_a_clean_venv_serves_the_example(toolchain_dir: Path, outsi
     # The sandbox harnesses were copied where jails can mount them.
     [harnesses] = (outside / "data" / "harness").iterdir()
     assert sorted(path.name for path in harnesses.iterdir()) == [
-        "harness_js.mjs", "harness_py.py", "harness_py.pyc", "seccomp.kafel",
+        "harness_js.cjs", "harness_py.py", "harness_py.pyc", "seccomp.kafel",
     ]  # fmt: skip
 
 

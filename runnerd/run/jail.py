@@ -445,8 +445,8 @@ class Sandbox:
             argv += ["--", runtime_path(self.runtimes, "python"), "-I", "-S", "-B", "-u",
                      harness, *tail]  # fmt: skip
         else:
-            harness = "/sandbox/harness_js.mjs"
-            argv += ["--bindmount_ro", f"{self._dir / 'harness_js.mjs'}:{harness}"]
+            harness = "/sandbox/harness_js.cjs"
+            argv += ["--bindmount_ro", f"{self._dir / 'harness_js.cjs'}:{harness}"]
             if kind.env_dir is not None:
                 argv += ["--bindmount_ro", f"{kind.env_dir}:/node_modules"]
             heap = max(16, lim.memory_mb * 3 // 4)
