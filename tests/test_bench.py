@@ -4,6 +4,8 @@ works end to end; no timing is asserted (docs/BENCHMARKS.md holds the figures)."
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,14 @@ def test_bench_quick_measures_every_case_against_the_bare_baselines(
     table = Bench(found["machine"], cases, found["memoryMb"], cpu).report()
     assert all(name in table for name in expected)
     assert "back to back / paced, p50, Python" in table and "cold TS / bare nsjail" in table
+
+
+def test_bench_without_root_says_so_in_one_line() -> None:
+    code = (
+        "import os, sys; from runnerd.cli.main import main; os.seteuid(65534); "
+        "sys.exit(main(['bench', '--quick']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.startswith("runnerd: bench needs root") and done.stderr.count("\n") == 1

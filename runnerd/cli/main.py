@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,12 +69,26 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        print(
+            "runnerd: bench needs root: it starts nsjail sandboxes that map runs to "
+            "unprivileged uids (run it as root, e.g. with sudo)",
+            file=sys.stderr,
+        )
+        return 2
     from runnerd.bench import run_bench
     from runnerd.cli.output import settings_from_args
+    from runnerd.run.jail import SandboxUnavailable
 
     settings = settings_from_args(args)
     say = (lambda _: None) if args.json else (lambda text: print(f"... {text}", file=sys.stderr))
-    result = run_bench(settings, quick=args.quick, say=say)
+    try:
+        result = run_bench(settings, quick=args.quick, say=say)
+    except SandboxUnavailable as exc:
+        print(
+            f"runnerd: bench cannot start a sandbox: {exc} (see `runnerd doctor`)", file=sys.stderr
+        )
+        return 1
     print(json.dumps(result.as_json(), indent=2) if args.json else result.report())
     return 0
 
