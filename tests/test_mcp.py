@@ -17,7 +17,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from conftest import RUNNERD, AppDir, tool_doc
-from daemon import Daemon
+from daemon import Daemon, running_daemon
 
 pytestmark = pytest.mark.jail
 # The tests on the module's daemon run on both stores.
@@ -71,6 +71,23 @@ def _audit(daemon: Daemon, action: str) -> list[dict[str, Any]]:
         params={"workspaceId": daemon.workspace_id, "action": action, "limit": 1000},
     )
     return list(found.json()["data"])
+
+
+def test_the_mcp_sdk_loads_at_the_first_mcp_request(toolchain_dir: Path) -> None:
+    """An install that never speaks MCP never pays for the SDK (most of an idle daemon's
+    memory): it is not in the process until a chat agent connects, then it serves."""
+    with running_daemon(toolchain_dir, warm_jails="0") as fresh:
+        maps = Path(f"/proc/{fresh.proc.pid}/maps")
+        fresh.ship(EXAMPLE)  # a deploy tells MCP sessions the tools changed: none yet
+        assert fresh.call("GET", "/healthz").status_code == 200
+        assert "pydantic_core" not in maps.read_text()
+
+        async def work() -> Any:
+            async with _client(fresh) as client:
+                return await client.list_tools()
+
+        assert "deal-desk__score_offer" in {t.name for t in _run(work).tools}
+        assert "pydantic_core" in maps.read_text()
 
 
 def test_list_tools_names_annotations_and_schemas(daemon: Daemon, installs: dict[str, str]) -> None:

@@ -25,7 +25,7 @@ from starlette.routing import BaseRoute, Route
 from runnerd import __version__
 from runnerd.api.errors import ApiError, code_for_status, error_response, from_domain
 from runnerd.api.limits import RateLimiter
-from runnerd.api.mcp import McpGateway
+from runnerd.api.mcp_endpoint import McpEndpoint
 from runnerd.api.monitoring import metrics, watch
 from runnerd.api.ops import Op
 from runnerd.api.routes import OPS
@@ -133,7 +133,7 @@ async def _expire_approvals(calls: Calls) -> None:
 
 
 def create_app(settings: Settings) -> Starlette:
-    gateway = McpGateway()
+    gateway = McpEndpoint()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -204,10 +204,15 @@ def create_app(settings: Settings) -> Starlette:
         # sight, a full collection stays short (tens of ms less) whatever runs later.
         gc.collect()
         gc.freeze()
+        mcp = asyncio.ensure_future(gateway.serve())
         try:
-            async with gateway.run():
-                yield
+            yield
         finally:
+            gateway.stop()
+            try:
+                await mcp
+            except Exception as exc:  # MCP's sessions must not keep the rest from stopping
+                log.error("the MCP session manager failed: %s", type(exc).__name__)
             expiry.cancel()
             leases.cancel()
             await calls.drain(timeout=30)

@@ -13,7 +13,7 @@ from runnerd.store import Store
 from runnerd.web.cookies import CookieSigner
 
 if TYPE_CHECKING:
-    from runnerd.api.mcp import McpGateway
+    from runnerd.api.mcp_endpoint import McpEndpoint
 
 __all__ = ["AppState"]
 
@@ -26,4 +26,4 @@ class AppState:
     limiter: RateLimiter
     calls: Calls
     cookies: CookieSigner
-    mcp: McpGateway | None = None  # the MCP endpoint, to tell its sessions tools changed
+    mcp: McpEndpoint | None = None  # the MCP endpoint, to tell its sessions tools changed
