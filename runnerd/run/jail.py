@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import hashlib
 import math
 import os
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import time
 from collections import OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -67,7 +69,6 @@ INSIDE_ID = 1000  # the uid/gid a tool sees; mapped to the run's own outside id
 EGRESS_SOCKET = "/run/egress.sock"  # where an egress jail sees the proxy's socket
 PY_HARNESS_PYC = "harness_py.pyc"  # the Python harness, compiled by the jails' interpreter
 STOP_GRACE_S = 0.5  # after SIGTERM, how long nsjail gets to clean up before SIGKILL
-READ_CHUNK = 65536
 MAX_TIMEOUT_S = MAX_TIMEOUT_MS // 1000  # a waiting jail may get any tool, the slowest too
 WARM_MAX_IDLE_S = 120  # a waiting jail older than this is replaced, not used
 WARM_MAX_KINDS = 16  # kinds (language + package env) that keep waiting jails at once
@@ -264,28 +265,99 @@ class _Reply(_Capped):
         return raw[start : start + length] if len(raw) == start + length else raw
 
 
+class _Process:
+    """A started nsjail: its exit awaited through a pidfd in the event loop.
+
+    It is spawned by ``spawn`` in a thread, not on the event loop: ``fork`` and ``exec``
+    of nsjail hold the calling thread until the child has exec'd, which takes
+    milliseconds when the cores are busy (a third of the loop's time under load was
+    spent there), and the next call's request would wait behind it."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self._exited: asyncio.Future[int] = loop.create_future()
+        self._pidfd = os.pidfd_open(popen.pid)
+        loop.add_reader(self._pidfd, self._reap, loop)
+
+    def _reap(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        code = self._popen.wait()  # it has exited: this reaps it, without blocking
+        if not self._exited.done():
+            self._exited.set_result(code)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.returncode
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def send_signal(self, sig: int) -> None:
+        if self._popen.returncode is None:  # never a recycled pid: it is not reaped yet
+            self._popen.send_signal(sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+_SPAWNER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="runnerd-spawn")
+
+
+async def spawn(argv: list[str], stdin: int, stdout: int, pass_fds: tuple[int, ...]) -> _Process:
+    """Start ``argv`` in a spawner thread with these descriptors, no environment, in a
+    session of its own. If the caller is cancelled meanwhile, the process is killed."""
+    loop = asyncio.get_running_loop()
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            argv, stdin=stdin, stdout=stdout, stderr=subprocess.STDOUT,
+            pass_fds=pass_fds, env={}, start_new_session=True,
+        )  # fmt: skip
+
+    started = loop.run_in_executor(_SPAWNER, start)
+    try:
+        popen = await asyncio.shield(started)
+    except asyncio.CancelledError:
+        started.add_done_callback(_kill_orphan)
+        raise
+    return _Process(popen, loop)
+
+
+def _same(sink: _Capped) -> _Capped:
+    return sink
+
+
+def _kill_orphan(started: asyncio.Future[subprocess.Popen[bytes]]) -> None:
+    if not started.cancelled() and started.exception() is None:
+        popen = started.result()
+        popen.kill()
+        popen.wait()
+
+
 class _Jail:
     """A started nsjail process, its pipes read into capped buffers, its uid held."""
 
     def __init__(
         self,
         kind: JailKind,
-        proc: asyncio.subprocess.Process,
+        proc: _Process,
         uid: int,
         uid_lock: IO[str],
+        stdin: asyncio.WriteTransport,
         result: _Capped,
         jail_log: _Capped,
         logs: _Capped,
-        logs_task: asyncio.Future[None],
     ) -> None:
         self.kind = kind
         self.proc = proc
         self.uid = uid
         self.uid_lock = uid_lock
+        self.stdin = stdin
         self.result = result
         self.jail_log = jail_log
         self.logs = logs
-        self.logs_task = logs_task
         self.started = time.monotonic()
         self.taken = False
 
@@ -461,37 +533,36 @@ class Sandbox:
         """Start a jail of ``kind``: it loads its interpreter and waits on stdin."""
         began = time.monotonic()
         uid, uid_lock = self.uids.lease()
+        # Ours: stdin's write end, stdout's (the logs) read end, the result and nsjail's
+        # log read ends. The jail's ends are closed here once it has them.
+        stdin_r, stdin_w = os.pipe()
+        logs_r, logs_w = os.pipe()
         result_r, result_w = os.pipe()
         log_r, log_w = os.pipe()
+        ours, theirs = (stdin_w, logs_r, result_r, log_r), (stdin_r, logs_w, result_w, log_w)
         try:
             argv = self.command(kind, uid, result_w, log_w, wall_s)
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                pass_fds=(result_w, log_w),
-                env={},
-                start_new_session=True,
-            )
+            proc = await spawn(argv, stdin_r, logs_w, pass_fds=(result_w, log_w))
         except BaseException:
-            for fd in (result_r, log_r):
+            for fd in ours:
                 os.close(fd)
             uid_lock.close()
             raise
         finally:
-            os.close(result_w)
-            os.close(log_w)
+            for fd in theirs:
+                os.close(fd)
         loop = asyncio.get_running_loop()
         result = _Reply(self.limits.output_bytes + 4096)  # the reply wraps the output
         jail_log = _Capped(16 * 1024)
         logs = _Capped(self.limits.log_bytes)
-        await loop.connect_read_pipe(lambda: result, os.fdopen(result_r, "rb", 0))
-        await loop.connect_read_pipe(lambda: jail_log, os.fdopen(log_r, "rb", 0))
-        assert proc.stdout is not None
-        logs_task = asyncio.ensure_future(_drain(proc.stdout, logs))
+        for fd, sink in ((result_r, result), (log_r, jail_log), (logs_r, logs)):
+            await loop.connect_read_pipe(functools.partial(_same, sink), os.fdopen(fd, "rb", 0))
+        # The request is written whole when the call comes (at most a few hundred KB):
+        # the transport keeps what the pipe cannot take yet, and closes it after.
+        stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(stdin_w, "wb", 0))
+        jail = _Jail(kind, proc, uid, uid_lock, stdin, result, jail_log, logs)
         METRICS.jail_start_seconds.labels(kind.language).observe(time.monotonic() - began)
-        return _Jail(kind, proc, uid, uid_lock, result, jail_log, logs, logs_task)
+        return jail
 
     def _take(self, kind: JailKind) -> _Jail | None:
         """A waiting jail of ``kind``, if one is alive and fresh; stale ones are dropped."""
@@ -609,8 +680,8 @@ class Sandbox:
         handed_over = False
         try:
             proc = jail.proc
-            assert proc.stdin is not None
-            feeder = asyncio.ensure_future(_feed(proc.stdin, job.request))
+            jail.stdin.write(job.request)
+            jail.stdin.close()
             exited = asyncio.ensure_future(proc.wait())
             awaited: set[asyncio.Future[Any]] = {exited} if logs else {exited, jail.result.done}
             done, _ = await asyncio.wait(
@@ -622,7 +693,6 @@ class Sandbox:
             if timed_out:
                 await self._stop(proc)
             duration_ms = round((time.monotonic() - started) * 1000)
-            feeder.cancel()
             if proc.returncode is None:
                 handed_over = True  # replied; the jail's end goes on in the background
                 self._spawn_task(self._finish(jail, deadline))
@@ -630,7 +700,7 @@ class Sandbox:
                 # The jail is gone, so every pipe reaches its end at once.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
-                        asyncio.gather(jail.result.done, jail.jail_log.done, jail.logs_task),
+                        asyncio.gather(jail.result.done, jail.jail_log.done, jail.logs.done),
                         timeout=2,
                     )
             return Outcome(
@@ -664,7 +734,7 @@ class Sandbox:
             jail.uid_lock.close()
             self._serving.discard(jail)
 
-    async def _stop(self, proc: asyncio.subprocess.Process) -> None:
+    async def _stop(self, proc: _Process) -> None:
         """Stop a jail: SIGTERM lets nsjail kill the pid namespace and remove its
         cgroup; SIGKILL if it has not within STOP_GRACE_S (the jail's init then dies
         with it, taking every process of the namespace along)."""
@@ -709,15 +779,3 @@ def runtime_path(runtimes: Runtimes, kind: str) -> str:
     if kind == "node" and runtimes.node is not None:
         return runtimes.node.path
     raise SandboxUnavailable(f"no {kind} runtime")
-
-
-async def _drain(stream: asyncio.StreamReader, sink: _Capped) -> None:
-    while chunk := await stream.read(READ_CHUNK):
-        sink.data_received(chunk)
-
-
-async def _feed(stdin: asyncio.StreamWriter, request: bytes) -> None:
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        stdin.write(request)
-        await stdin.drain()
-        stdin.close()
