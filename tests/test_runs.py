@@ -6,19 +6,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import shutil
-import tempfile
 import time
 import urllib.parse
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import make_tool, run_tool
-from runnerd.config import load_settings
-from runnerd.run.engine import Engine, build_engine
-from runnerd.run.jail import JailKind
+from runnerd.run.engine import Engine
 from runnerd.run.runner import InputRejected, RunResult
 
 pytestmark = pytest.mark.jail
@@ -381,49 +376,3 @@ def test_secrets_never_reach_argv_or_disk(engine: Engine, tmp_path: Any) -> None
         if path.is_file():
             assert marker.encode() not in path.read_bytes(), path
     json.dumps(cmdlines)  # readable
-
-
-def test_the_warm_pool_grows_with_calls_at_once_and_back_to_its_floor(
-    toolchain_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """warm_jails is the floor; a kind that had N calls running at once lately keeps N
-    jails waiting (at most max_concurrent_runs), and goes back to the floor after."""
-    data = Path(tempfile.mkdtemp(prefix="runnerd-test-", dir="/tmp"))
-    data.chmod(0o711)
-    settings = load_settings(env={}, flags={
-        "data_dir": data, "toolchain_dir": toolchain_dir, "max_concurrent_runs": 4,
-        "sandbox_uid_base": 615_000, "sandbox_uid_count": 32,
-    })  # fmt: skip
-    engine = build_engine(settings, warm=1)
-    sandbox = engine.sandbox
-    tool = make_tool(engine, "import time\ndef run(i):\n    time.sleep(0.3)\n    return {}\n")
-
-    async def waiting(count: int) -> int:
-        for _ in range(200):  # jails start in the background
-            await sandbox.wait_warm(10)
-            if sandbox.waiting == count:
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)  # and no more come
-        await sandbox.wait_warm(10)
-        return sandbox.waiting
-
-    async def scenario() -> list[int]:
-        seen = []
-        await engine.runner.run(tool, {}, logs=False)
-        seen.append(await waiting(1))  # the floor
-        results = await asyncio.gather(*(engine.runner.run(tool, {}, logs=False) for _ in range(6)))
-        assert {r.status for r in results} == {"succeeded"}
-        seen.append(await waiting(4))  # 6 at once, capped at max_concurrent_runs
-        assert sandbox.target(JailKind("python", None)) == 4
-        monkeypatch.setattr("runnerd.run.jail.DEMAND_WINDOW_S", 0)  # the window has passed
-        for _ in range(4):  # each takes a waiting jail; refills stop at the floor
-            await engine.runner.run(tool, {}, logs=False)
-        seen.append(await waiting(1))
-        await sandbox.close()
-        return seen
-
-    try:
-        assert asyncio.run(scenario()) == [1, 4, 1]
-    finally:
-        shutil.rmtree(data, ignore_errors=True)

@@ -61,8 +61,8 @@ class Engine:
 
 
 def build_engine(settings: Settings, *, warm: int = 0) -> Engine:
-    """The run machinery. ``warm``: jails kept started ahead of calls per kind, at least
-    (the daemon uses settings.warm_jails; one-shot commands start each jail on demand)."""
+    """The run machinery. ``warm``: jails kept started ahead of calls per kind (the daemon
+    uses settings.warm_jails; one-shot commands start each jail on demand)."""
     data = settings.data_dir
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
     mounts, note = _mount_root(settings)
@@ -83,8 +83,6 @@ def build_engine(settings: Settings, *, warm: int = 0) -> Engine:
         uids=UidPool(settings.uid_lock_dir, settings.sandbox_uid_base, settings.sandbox_uid_count),
         limits=limits,
         warm=warm,
-        # With demand, pools grow to as many jails as calls may run at once.
-        warm_max=max(warm, settings.max_concurrent_runs) if warm else 0,
         proxy=proxy,
         harness_dir=reachable_harnesses(
             mounts / "harness", runtimes.python.executable if runtimes.python else None

@@ -72,7 +72,6 @@ STOP_GRACE_S = 0.5  # after SIGTERM, how long nsjail gets to clean up before SIG
 MAX_TIMEOUT_S = MAX_TIMEOUT_MS // 1000  # a waiting jail may get any tool, the slowest too
 WARM_MAX_IDLE_S = 120  # a waiting jail older than this is replaced, not used
 WARM_MAX_KINDS = 16  # kinds (language + package env) that keep waiting jails at once
-DEMAND_WINDOW_S = 60  # a kind's pool is sized from its busiest moment in this window
 
 
 class SandboxUnavailable(RunnerdError):
@@ -432,7 +431,6 @@ class Sandbox:
         uids: UidPool,
         limits: Limits,
         warm: int = 0,
-        warm_max: int = 0,
         proxy: EgressProxy | None = None,
         harness_dir: Path | None = None,
     ) -> None:
@@ -442,11 +440,6 @@ class Sandbox:
         self.uids = uids
         self.limits = limits
         self.warm = warm  # jails kept waiting per kind; 0 = start each jail on demand
-        # With demand, a kind's pool grows to as many jails as it had calls running at
-        # once lately, and all pools together to ``warm_max`` jails beyond ``warm`` each.
-        self.warm_max = max(warm, warm_max)
-        self._running: dict[JailKind, int] = {}
-        self._peak: dict[JailKind, tuple[int, float]] = {}  # most calls at once, and when
         self.proxy = proxy
         self._dir = harness_dir or resource_dir("sandbox")
         # Where a Python jail sees its harness: the bytecode when it was compiled for it.
@@ -602,30 +595,10 @@ class Sandbox:
             self._filling.add(kind)
             self._spawn_task(self._fill(kind))
 
-    def target(self, kind: JailKind) -> int:
-        """How many jails of ``kind`` to keep waiting: ``warm``, or more when it had more
-        calls running at once in the last DEMAND_WINDOW_S (up to ``warm_max``)."""
-        peak, at = self._peak.get(kind, (0, 0.0))
-        if time.monotonic() - at > DEMAND_WINDOW_S:
-            return self.warm
-        return max(self.warm, min(peak, self.warm_max))
-
-    def _beyond_floor(self) -> int:
-        return sum(max(0, len(ready) - self.warm) for ready in self._ready.values())
-
-    def _call_started(self, kind: JailKind) -> None:
-        running = self._running[kind] = self._running.get(kind, 0) + 1
-        now = time.monotonic()
-        peak, at = self._peak.get(kind, (0, 0.0))
-        if running >= peak or now - at > DEMAND_WINDOW_S:
-            self._peak[kind] = (running, now)
-
     async def _fill(self, kind: JailKind) -> None:
         try:
             ready = self._ready.setdefault(kind, deque())
-            while kind in self._recent and len(ready) < self.target(kind):
-                if len(ready) >= self.warm and self._beyond_floor() >= self.warm_max - self.warm:
-                    break
+            while len(ready) < self.warm and kind in self._recent:
                 # Its backstop must leave a full timeout to a call that takes it late.
                 jail = await self._start(kind, MAX_TIMEOUT_S + WARM_MAX_IDLE_S)
                 ready.append(jail)
@@ -695,21 +668,11 @@ class Sandbox:
         has answered its own caller: a jail's fork would delay that answer.
         """
         started = time.monotonic()
-        kind = job.kind
-        self._call_started(kind)
-        try:
-            jail = self._take(kind)
-            if jail is None:
-                jail = await self._start(kind, math.ceil(job.timeout_ms / 1000))
-            return await self._serve(jail, job, logs=logs, refill=refill, started=started)
-        finally:
-            self._running[kind] -= 1
-
-    async def _serve(
-        self, jail: _Jail, job: Job, *, logs: bool, refill: bool, started: float
-    ) -> Outcome:
         deadline = started + job.timeout_ms / 1000
         kind = job.kind
+        jail = self._take(kind)
+        if jail is None:
+            jail = await self._start(kind, math.ceil(job.timeout_ms / 1000))
         jail.logs.cap = self.limits.log_bytes + job.log_slack  # nothing is read before the request
         self._serving.add(jail)
         if job.egress is not None and self.proxy is not None:
