@@ -458,9 +458,18 @@ class Sandbox:
         self._serving: set[_Jail] = set()  # jails running a call now
 
     def command(
-        self, kind: JailKind, uid: int, result_fd: int, log_fd: int, wall_s: int
+        self,
+        kind: JailKind,
+        uid: int,
+        result_fd: int,
+        log_fd: int,
+        wall_s: int,
+        *,
+        waiting: bool = False,
     ) -> list[str]:
-        """The nsjail argv for a jail of ``kind``. Holds no code, no input, no secret."""
+        """The nsjail argv for a jail of ``kind``. Holds no code, no input, no secret.
+        ``waiting``: the jail waits for a call (a JS harness then pays its loader's
+        set-up ahead; a jail started for a call has its request already)."""
         lim = self.limits
         python = kind.language == "python"
         runtime = self.runtimes.python if python else self.runtimes.node
@@ -526,11 +535,12 @@ class Sandbox:
             if kind.language == "typescript":
                 flags.append("--enable-source-maps")
             argv += ["--", runtime_path(self.runtimes, "node"), *flags, harness,
-                     str(result_fd)]  # fmt: skip
+                     str(result_fd), *(["waiting"] if waiting else [])]  # fmt: skip
         return argv
 
-    async def _start(self, kind: JailKind, wall_s: int) -> _Jail:
-        """Start a jail of ``kind``: it loads its interpreter and waits on stdin."""
+    async def _start(self, kind: JailKind, wall_s: int, *, waiting: bool = False) -> _Jail:
+        """Start a jail of ``kind``: it loads its interpreter and waits on stdin
+        (``waiting``: for a call to come, in the warm pool)."""
         began = time.monotonic()
         uid, uid_lock = self.uids.lease()
         # Ours: stdin's write end, stdout's (the logs) read end, the result and nsjail's
@@ -541,7 +551,7 @@ class Sandbox:
         log_r, log_w = os.pipe()
         ours, theirs = (stdin_w, logs_r, result_r, log_r), (stdin_r, logs_w, result_w, log_w)
         try:
-            argv = self.command(kind, uid, result_w, log_w, wall_s)
+            argv = self.command(kind, uid, result_w, log_w, wall_s, waiting=waiting)
             proc = await spawn(argv, stdin_r, logs_w, pass_fds=(result_w, log_w))
         except BaseException:
             for fd in ours:
@@ -600,7 +610,7 @@ class Sandbox:
             ready = self._ready.setdefault(kind, deque())
             while len(ready) < self.warm and kind in self._recent:
                 # Its backstop must leave a full timeout to a call that takes it late.
-                jail = await self._start(kind, MAX_TIMEOUT_S + WARM_MAX_IDLE_S)
+                jail = await self._start(kind, MAX_TIMEOUT_S + WARM_MAX_IDLE_S, waiting=True)
                 ready.append(jail)
                 self._spawn_task(self._reap(jail))
         except Exception:
