@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import json
+import os
 import time
 import urllib.parse
 from typing import Any
@@ -376,3 +378,15 @@ def test_secrets_never_reach_argv_or_disk(engine: Engine, tmp_path: Any) -> None
         if path.is_file():
             assert marker.encode() not in path.read_bytes(), path
     json.dumps(cmdlines)  # readable
+
+
+def test_jails_are_awaited_where_the_kernel_has_no_pidfds(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, "pidfd_open")
+
+    monkeypatch.setattr(os, "pidfd_open", refuse)
+    tool = make_tool(engine, "import sys\ndef run(i):\n    print('done')\n    return {'n': 1}\n")
+    result = run_tool(engine, tool)  # with its logs: the answer waits for the jail's exit
+    assert (result.status, result.output, result.logs) == ("succeeded", {"n": 1}, "done\n")

@@ -277,14 +277,23 @@ class _Process:
         self._popen = popen
         self.pid = popen.pid
         self._exited: asyncio.Future[int] = loop.create_future()
-        self._pidfd = os.pidfd_open(popen.pid)
-        loop.add_reader(self._pidfd, self._reap, loop)
+        try:
+            self._pidfd = os.pidfd_open(popen.pid)
+        except OSError:  # a kernel before 5.3, or a seccomp filter: a thread waits
+            waited = loop.run_in_executor(None, popen.wait)
+            waited.add_done_callback(lambda _: self._ended())
+        else:
+            loop.add_reader(self._pidfd, self._reap, loop)
 
     def _reap(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.remove_reader(self._pidfd)
         os.close(self._pidfd)
-        code = self._popen.wait()  # it has exited: this reaps it, without blocking
-        if not self._exited.done():
+        self._popen.wait()  # it has exited: this reaps it, without blocking
+        self._ended()
+
+    def _ended(self) -> None:
+        code = self._popen.returncode
+        if not self._exited.done() and code is not None:
             self._exited.set_result(code)
 
     @property
