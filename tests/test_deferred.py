@@ -4,7 +4,6 @@ the answer that made room for it has been sent."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from typing import Any
 
 from starlette.applications import Starlette
@@ -13,7 +12,6 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from runnerd.deferred import AnswerFirst, after_answer
-from runnerd.run.jail import watch_children_with_pidfds
 
 
 def _scope() -> dict[str, Any]:
@@ -56,22 +54,3 @@ def test_work_outside_a_request_runs_on_the_next_turn_of_the_loop() -> None:
 
     asyncio.run(main())
     assert events == ["after the call", "work"]
-
-
-def test_jails_are_awaited_through_pidfds_not_a_thread_each() -> None:
-    """Python 3.11 waits for each child in a thread of its own unless told otherwise;
-    3.12 and later use pidfds by themselves, and are left as they are."""
-    own_pidfds = sys.version_info >= (3, 12)
-
-    async def main() -> int:
-        assert watch_children_with_pidfds() is not own_pidfds
-        if not own_pidfds:
-            assert isinstance(asyncio.get_child_watcher(), asyncio.PidfdChildWatcher)
-        proc = await asyncio.create_subprocess_exec("/bin/sh", "-c", "exit 3")
-        return await proc.wait()
-
-    try:
-        assert asyncio.run(main()) == 3
-    finally:
-        if not own_pidfds:
-            asyncio.set_child_watcher(None)  # the next loops of this process: the default

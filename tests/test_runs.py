@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import errno
 import json
 import os
+import threading
 import time
 import urllib.parse
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import make_tool, run_tool
 from runnerd.run.engine import Engine
+from runnerd.run.jail import spawn
 from runnerd.run.runner import InputRejected, RunResult
 
 pytestmark = pytest.mark.jail
@@ -390,3 +394,50 @@ def test_jails_are_awaited_where_the_kernel_has_no_pidfds(
     tool = make_tool(engine, "import sys\ndef run(i):\n    print('done')\n    return {'n': 1}\n")
     result = run_tool(engine, tool)  # with its logs: the answer waits for the jail's exit
     assert (result.status, result.output, result.logs) == ("succeeded", {"n": 1}, "done\n")
+
+
+def test_a_running_jail_is_awaited_by_the_event_loop_not_a_thread(engine: Engine) -> None:
+    """Python 3.11's asyncio waits for each child process in a thread of its own
+    ("waitpid-PID"); runnerd's jails are awaited through pidfds in the loop."""
+    tool = make_tool(engine, "import time\ndef run(i):\n    time.sleep(0.5)\n    return {}\n")
+
+    async def scenario() -> tuple[set[str], RunResult]:
+        running = asyncio.ensure_future(engine.runner.run(tool, {}))
+        await asyncio.sleep(0.3)
+        names = {thread.name for thread in threading.enumerate()}
+        return names, await running
+
+    names, result = asyncio.run(scenario())
+    assert result.status == "succeeded"
+    assert not [name for name in names if name.startswith("waitpid")], names
+
+
+def test_a_jail_start_cancelled_midway_leaves_no_process() -> None:
+    """The spawn runs in a thread; a caller cancelled meanwhile (the daemon stopping)
+    must not leave the process it started behind."""
+    argv = ["/bin/sleep", "30.0417"]
+
+    def ours() -> list[str]:
+        found = []
+        for proc in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if (proc / "cmdline").read_bytes().split(b"\0")[:2] == [a.encode() for a in argv]:
+                    found.append(proc.name)
+        return found
+
+    async def scenario() -> None:
+        read, write = os.pipe()
+        starting = asyncio.ensure_future(spawn(argv, read, write, pass_fds=()))
+        await asyncio.sleep(0)  # in the spawner thread now
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        os.close(read)
+        os.close(write)
+        for _ in range(50):
+            if not ours():
+                break
+            await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert ours() == []

@@ -36,7 +36,7 @@ from runnerd.deferred import AnswerFirst
 from runnerd.errors import DatabaseUnavailable
 from runnerd.logs import RequestIds
 from runnerd.run.engine import build_engine
-from runnerd.run.jail import JailKind, watch_children_with_pidfds
+from runnerd.run.jail import JailKind
 from runnerd.store import Store, StoreUnavailable
 from runnerd.vault import Vault
 from runnerd.web.cookies import CookieSigner
@@ -137,7 +137,6 @@ def create_app(settings: Settings) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        watch_children_with_pidfds()
         engine = build_engine(settings, warm=settings.warm_jails)
         for line in engine.report():
             log.info("%s", line)

@@ -34,7 +34,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -78,23 +77,6 @@ class SandboxUnavailable(RunnerdError):
     """The jail cannot start at all (no nsjail, no runtime, no free uid)."""
 
     reason, status = "SANDBOXUNAVAILABLE", 503  # the wire reason clients already know
-
-
-def watch_children_with_pidfds() -> bool:
-    """Wait for jails through pidfds in the running event loop. Python 3.11's default
-    waits for each child process in a thread of its own: a thread started, and the
-    GIL taken from the loop, for every jail. Python 3.12 uses pidfds by itself; so
-    does this on 3.11 when the kernel has them (Linux 5.3). True if it took effect."""
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return False
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError:  # an older kernel, or a seccomp filter that refuses it
-        return False
-    watcher = asyncio.PidfdChildWatcher()
-    watcher.attach_loop(asyncio.get_running_loop())
-    asyncio.set_child_watcher(watcher)
-    return True
 
 
 def find_nsjail(configured: str | None = None) -> str:
@@ -275,7 +257,6 @@ class _Process:
 
     def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop) -> None:
         self._popen = popen
-        self.pid = popen.pid
         self._exited: asyncio.Future[int] = loop.create_future()
         try:
             self._pidfd = os.pidfd_open(popen.pid)
@@ -342,7 +323,7 @@ def _kill_orphan(started: asyncio.Future[subprocess.Popen[bytes]]) -> None:
     if not started.cancelled() and started.exception() is None:
         popen = started.result()
         popen.kill()
-        popen.wait()
+        _SPAWNER.submit(popen.wait)  # reaped off the loop
 
 
 class _Jail:
