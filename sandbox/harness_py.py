@@ -1,7 +1,9 @@
 """runnerd's Python harness: runs inside the jail, calls the tool's run(input) once.
 
-argv: RESULT_FD [ENV_DIR]
-stdin: one JSON request {"code", "file", "input", "env": {NAME: VALUE}}, read to the end.
+argv: RESULT_FD MODE [ENV_DIR]; MODE "bytecode": the request's "bytecode" is the tool's
+code compiled by the daemon, for this interpreter's version; "source": it compiles "code".
+stdin: one JSON request {"code", "bytecode", "file", "input", "env": {NAME: VALUE}}, read
+to the end.
 The jail may be started before its call: it waits here, interpreter loaded, until the
 request arrives. The tool's code comes in the request; it is never a file in the jail.
 RESULT_FD: one JSON reply, {"ok": true, "output": ...} or
@@ -17,6 +19,7 @@ are imported only when a tool needs them.
 """
 
 import _json
+import marshal
 import os
 import sys
 
@@ -93,11 +96,14 @@ def _network_hint(exc, egress):
     return ""
 
 
-def _load(code, display):
+def _load(code, display, bytecode):
     module = type(sys)("tool")
     module.__file__ = display
     sys.modules["tool"] = module
-    exec(compile(code, display, "exec"), module.__dict__)
+    if bytecode:
+        exec(marshal.loads(bytes.fromhex(bytecode)), module.__dict__)
+    else:
+        exec(compile(code, display, "exec"), module.__dict__)
     return module
 
 
@@ -221,19 +227,21 @@ def _relay(socket_path, token):
     threading.Thread(target=loop, daemon=True, name="runnerd-egress").start()
 
 
-def _warm():
+def _warm(compiles):
     """Pay the interpreter's one-time costs while the jail waits for its call, not after
     the request arrives: the first compile() in a process costs about a millisecond
-    (the parser's lazy set-up), the first call, decode and encode a little more."""
-    namespace = {}
-    exec(compile("def run(input):\n    return {'n': input['n']}\n", "<warm>", "exec"), namespace)
-    dumps({"ok": True, "output": namespace["run"](_scan('{"n": 1}', 0)[0])})
+    (the parser's lazy set-up; a jail that gets bytecode never pays it), the first call,
+    decode and encode a little more."""
+    if compiles:
+        namespace = {}
+        exec(compile("def run(input):\n    return input\n", "<warm>", "exec"), namespace)
+    dumps({"ok": True, "output": _scan('{"n": 1}', 0)[0]})
 
 
 def main():
     result_fd = int(sys.argv[1])
-    if len(sys.argv) > 2:
-        sys.path.insert(0, sys.argv[2])
+    if len(sys.argv) > 3:
+        sys.path.insert(0, sys.argv[3])
     request, _ = _scan(sys.stdin.buffer.read().decode(), 0)
     code, display = request["code"], request["file"]
     os.environ.update(request.get("env") or {})
@@ -242,7 +250,7 @@ def main():
         _relay(egress["socket"], egress["token"])
     reply = None
     try:
-        run = getattr(_load(code, display), "run", None)
+        run = getattr(_load(code, display, request.get("bytecode")), "run", None)
         if not callable(run):
             raise TypeError("the tool defines no callable run(input)")
         output = _call(run, request["input"])
@@ -274,5 +282,5 @@ def main():
     os._exit(0)
 
 
-_warm()
+_warm(sys.argv[2] != "bytecode")
 main()

@@ -139,6 +139,29 @@ def test_thrown_exception_is_failed_with_type_message_and_tool_lines(engine: Eng
     ]
 
 
+@pytest.mark.parametrize("bytecode", [True, False])
+def test_python_tools_run_alike_from_bytecode_or_from_source(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, bytecode: bool
+) -> None:
+    """Where the jails' interpreter reads the daemon's bytecode (the same magic number,
+    as here), a Python tool comes compiled and its jail never compiles; elsewhere the
+    jail compiles the source. The same answers, errors and tool lines either way."""
+    assert engine.sandbox.python_bytecode  # this machine's jails read it
+    monkeypatch.setattr(engine.sandbox, "python_bytecode", bytecode)
+    mode = make_tool(engine, "import sys\ndef run(i):\n    return {'mode': sys.argv[2]}\n")
+    assert run_tool(engine, mode).output == {"mode": "bytecode" if bytecode else "source"}
+    source = (
+        "def helper(x):\n    raise ValueError(f'bad {x}')\n\ndef run(i):\n    return helper(i)\n"
+    )
+    result = run_tool(engine, make_tool(engine, source), {"n": 1})
+    assert result.error is not None
+    assert result.error.splitlines() == [
+        "ValueError: bad {'n': 1}",
+        "  at run (t.py:5): return helper(i)",
+        "  at helper (t.py:2): raise ValueError(f'bad {x}')",
+    ]
+
+
 def test_typescript_error_stack_names_the_ts_lines(engine: Engine) -> None:
     source = (
         "type T = { a: number }\n\nexport function run(i: T): T {\n"

@@ -28,6 +28,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import importlib.util
 import math
 import os
 import random
@@ -433,8 +434,13 @@ class Sandbox:
         self.proxy = proxy
         self._dir = harness_dir or resource_dir("sandbox")
         # Where a Python jail sees its harness: the bytecode when it was compiled for it.
-        compiled = (self._dir / PY_HARNESS_PYC).is_file()
-        self.python_harness = f"/sandbox/{PY_HARNESS_PYC if compiled else 'harness_py.py'}"
+        compiled = self._dir / PY_HARNESS_PYC
+        self.python_harness = f"/sandbox/{compiled.name if compiled.is_file() else 'harness_py.py'}"
+        # Tools reach Python jails as bytecode when the jails' interpreter reads this
+        # interpreter's (the same magic number, which the harness's .pyc begins with).
+        self.python_bytecode = (
+            compiled.is_file() and compiled.read_bytes()[:4] == importlib.util.MAGIC_NUMBER
+        )
         # /tmp is the one writable place: noexec (no dropped binary or .so runs from it),
         # nosuid, nodev. The nsjail command line cannot say those flags; a config can.
         # Named by what it holds, so daemons sharing the folder never disagree about it.
@@ -509,7 +515,7 @@ class Sandbox:
         if python:
             harness = self.python_harness
             argv += ["--bindmount_ro", f"{self._dir / Path(harness).name}:{harness}"]
-            tail = [str(result_fd)]
+            tail = [str(result_fd), "bytecode" if self.python_bytecode else "source"]
             if kind.env_dir is not None:
                 argv += ["--bindmount_ro", f"{kind.env_dir}:/env"]
                 tail.append("/env")
