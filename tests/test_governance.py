@@ -187,6 +187,23 @@ def test_cli_sets_a_secret_from_stdin_and_the_key_rotates(
 # --- budgets, ledger ----------------------------------------------------------------------------
 
 
+def test_every_run_is_metered_at_least_a_millisecond(gov: tuple[Daemon, dict[str, Any]]) -> None:
+    """A warm run can take under a millisecond: its duration is rounded up, never to a
+    free 0, and the budget meters exactly what the runs report."""
+    d, install = gov
+    iid = install["installId"]
+    before = d.call("GET", f"/api/v2/apps/installs/{iid}/budget", d.admin_key).json()["usedMs"]
+    durations = []
+    for _ in range(5):
+        time.sleep(0.2)  # a waiting jail for each call
+        run = d.run(iid, "echo", {})
+        assert run.status_code == 200, run.text
+        durations.append(run.json()["durationMs"])
+    after = d.call("GET", f"/api/v2/apps/installs/{iid}/budget", d.admin_key).json()["usedMs"]
+    assert min(durations) >= 1, durations
+    assert after - before == sum(durations)
+
+
 def test_budget_refuses_when_spent_and_concurrent_calls_cannot_overshoot(
     toolchain_dir: Path, tmp_path: Path
 ) -> None:

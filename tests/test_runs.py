@@ -20,7 +20,7 @@ import pytest
 from conftest import make_tool, run_tool
 from runnerd.run.engine import Engine
 from runnerd.run.jail import spawn
-from runnerd.run.runner import InputRejected, RunResult
+from runnerd.run.runner import InputRejected, RunResult, metered_ms
 
 pytestmark = pytest.mark.jail
 
@@ -464,3 +464,14 @@ def test_a_jail_start_cancelled_midway_leaves_no_process() -> None:
 
     asyncio.run(scenario())
     assert ours() == []
+
+
+def test_a_run_is_metered_in_whole_milliseconds_rounded_up() -> None:
+    assert [metered_ms(s) for s in (0.0, 0.0001, 0.0004, 0.001, 0.0012, 0.6)] == [
+        1,
+        1,
+        1,
+        1,
+        2,
+        600,
+    ]

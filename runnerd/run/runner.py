@@ -12,6 +12,7 @@ import asyncio
 import functools
 import hashlib
 import marshal
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -129,6 +130,12 @@ def _code_file(tool: RunnableTool) -> tuple[str, str]:
         return f"{tool.name}.mjs", tool.compiled_js
     ext = ".cjs" if tool.module_format == "cjs" else ".mjs"
     return f"{tool.name}{ext}", tool.source
+
+
+def metered_ms(seconds: float) -> int:
+    """A run's duration in whole milliseconds, rounded up: a run that started is metered
+    (a warm run takes under a millisecond, which rounding to the nearest made free)."""
+    return max(1, math.ceil(seconds * 1000))
 
 
 def _marshalled(source: str, path: str) -> bytes | None:
@@ -329,7 +336,7 @@ class Runner:
             # After the answer is sent: the next jail's fork would delay it.
             after_answer(functools.partial(self.sandbox.refill, job.kind))
         result.egress = figures
-        result.duration_ms = round((time.monotonic() - started + checked_before) * 1000)
+        result.duration_ms = metered_ms(time.monotonic() - started + checked_before)
         return result
 
     def _judge(self, tool: RunnableTool, key: str, out: Outcome, scrub: Scrubber) -> RunResult:
