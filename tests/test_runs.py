@@ -435,10 +435,13 @@ def test_a_running_jail_is_awaited_by_the_event_loop_not_a_thread(engine: Engine
     assert not [name for name in names if name.startswith("waitpid")], names
 
 
-def test_a_jail_start_cancelled_midway_leaves_no_process() -> None:
+@pytest.mark.parametrize("when", ["while-spawning", "spawned-not-yet-handed-over"])
+def test_a_jail_start_cancelled_midway_leaves_no_process(when: str) -> None:
     """The spawn runs in a thread; a caller cancelled meanwhile (the daemon stopping)
-    must not leave the process it started behind."""
+    must not leave the process it started behind, and gets what it held for the
+    process (its pipes, its uid) back only once the process is gone."""
     argv = ["/bin/sleep", "30.0417"]
+    released: list[list[str]] = []
 
     def ours() -> list[str]:
         found = []
@@ -450,19 +453,24 @@ def test_a_jail_start_cancelled_midway_leaves_no_process() -> None:
 
     async def scenario() -> None:
         read, write = os.pipe()
-        starting = asyncio.ensure_future(spawn(argv, read, write, pass_fds=()))
+        starting = asyncio.ensure_future(
+            spawn(argv, read, write, (), release=lambda: released.append(ours()))
+        )
         await asyncio.sleep(0)  # in the spawner thread now
+        if when == "spawned-not-yet-handed-over":
+            time.sleep(1.0)  # the loop is held: the spawn ends, its result waits
         starting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await starting
-        os.close(read)
-        os.close(write)
-        for _ in range(50):
-            if not ours():
-                break
-            await asyncio.sleep(0.05)
+        # and the loop closes at once, as when the daemon stops: nothing is left to
+        # deliver the started process to, or to kill it from
 
     asyncio.run(scenario())
+    for _ in range(100):
+        if released:
+            break
+        time.sleep(0.05)
+    assert released == [[]]  # released once, with no such process left
     assert ours() == []
 
 

@@ -35,6 +35,7 @@ import random
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +52,8 @@ from runnerd.run.proxy import EgressPass, EgressProxy
 from runnerd.run.runtimes import Runtimes
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from runnerd.config import Settings
 
 __all__ = [
@@ -292,26 +295,34 @@ class _Process:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def reap_then(self, release: Callable[[], None]) -> None:
+        """In a thread: wait for the process to end, then ``release``."""
+        self._popen.wait()
+        release()
+
 
 _SPAWNER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="runnerd-spawn")
 
 
-async def spawn(argv: list[str], stdin: int, stdout: int, pass_fds: tuple[int, ...]) -> _Process:
+async def spawn(
+    argv: list[str], stdin: int, stdout: int, pass_fds: tuple[int, ...], release: Callable[[], None]
+) -> _Process:
     """Start ``argv`` in a spawner thread with these descriptors, no environment, in a
-    session of its own. If the caller is cancelled meanwhile, the process is killed."""
+    session of its own. The descriptors are closed here once the process has them.
+
+    ``release`` frees what the caller holds for the process (its ends of the pipes, the
+    uid) when the process is not handed to it: it is called once the spawn has failed,
+    or, when the caller is cancelled meanwhile, once the process is killed and reaped."""
     loop = asyncio.get_running_loop()
-
-    def start() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            argv, stdin=stdin, stdout=stdout, stderr=subprocess.STDOUT,
-            pass_fds=pass_fds, env={}, start_new_session=True,
-        )  # fmt: skip
-
-    started = loop.run_in_executor(_SPAWNER, start)
+    start = _Start(argv, stdin, stdout, pass_fds, release)
+    started = loop.run_in_executor(_SPAWNER, start.run)
     try:
         popen = await asyncio.shield(started)
     except asyncio.CancelledError:
-        started.add_done_callback(_kill_orphan)
+        start.abandon()
+        raise
+    except BaseException:
+        release()
         raise
     return _Process(popen, loop)
 
@@ -320,11 +331,67 @@ def _same(sink: _Capped) -> _Capped:
     return sink
 
 
-def _kill_orphan(started: asyncio.Future[subprocess.Popen[bytes]]) -> None:
-    if not started.cancelled() and started.exception() is None:
-        popen = started.result()
-        popen.kill()
-        _SPAWNER.submit(popen.wait)  # reaped off the loop
+class _Start:
+    """One spawn, handed over to its caller or, if the caller has gone, killed.
+
+    The kill must not wait for the event loop: the caller may have been cancelled
+    because the loop is closing (the daemon stopping), and a result delivered to a
+    closed loop is dropped. So whichever comes second, the spawner thread done with
+    the spawn or the caller giving up, kills the process and then releases what the
+    caller held for it (not before: a uid freed early could go to another jail while
+    this one still runs)."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        stdin: int,
+        stdout: int,
+        pass_fds: tuple[int, ...],
+        release: Callable[[], None],
+    ) -> None:
+        self._args = (argv, stdin, stdout, pass_fds)
+        self._release = release
+        self._lock = threading.Lock()
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._ended = False  # the spawn has returned or failed
+        self._abandoned = False
+
+    def run(self) -> subprocess.Popen[bytes]:
+        argv, stdin, stdout, pass_fds = self._args
+        popen = None
+        try:
+            popen = subprocess.Popen(
+                argv, stdin=stdin, stdout=stdout, stderr=subprocess.STDOUT,
+                pass_fds=pass_fds, env={}, start_new_session=True,
+            )  # fmt: skip
+            return popen
+        finally:
+            for fd in {stdin, stdout, *pass_fds}:
+                os.close(fd)
+            with self._lock:
+                self._popen, self._ended = popen, True
+                abandoned = self._abandoned
+            if abandoned:
+                self._end(popen)
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            ended, popen = self._ended, self._popen
+        if not ended:
+            return  # the spawner thread ends it
+        if popen is not None:
+            popen.kill()
+        try:
+            _SPAWNER.submit(self._end, popen)  # reaped off the loop
+        except RuntimeError:  # the interpreter is exiting: the kernel reaps it
+            self._release()
+
+    def _end(self, popen: subprocess.Popen[bytes] | None) -> None:
+        if popen is not None:
+            popen.kill()
+            popen.wait()
+        self._release()
 
 
 class _Jail:
@@ -546,26 +613,34 @@ class Sandbox:
         result_r, result_w = os.pipe()
         log_r, log_w = os.pipe()
         ours, theirs = (stdin_w, logs_r, result_r, log_r), (stdin_r, logs_w, result_w, log_w)
-        try:
-            argv = self.command(kind, uid, result_w, log_w, wall_s, waiting=waiting)
-            proc = await spawn(argv, stdin_r, logs_w, pass_fds=(result_w, log_w))
-        except BaseException:
+
+        def release() -> None:
             for fd in ours:
                 os.close(fd)
             uid_lock.close()
-            raise
-        finally:
+
+        try:
+            argv = self.command(kind, uid, result_w, log_w, wall_s, waiting=waiting)
+        except BaseException:
             for fd in theirs:
                 os.close(fd)
+            release()
+            raise
+        proc = await spawn(argv, stdin_r, logs_w, (result_w, log_w), release)
         loop = asyncio.get_running_loop()
         result = _Reply(self.limits.output_bytes + 4096)  # the reply wraps the output
         jail_log = _Capped(16 * 1024)
         logs = _Capped(self.limits.log_bytes)
-        for fd, sink in ((result_r, result), (log_r, jail_log), (logs_r, logs)):
-            await loop.connect_read_pipe(functools.partial(_same, sink), os.fdopen(fd, "rb", 0))
-        # The request is written whole when the call comes (at most a few hundred KB):
-        # the transport keeps what the pipe cannot take yet, and closes it after.
-        stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(stdin_w, "wb", 0))
+        try:
+            for fd, sink in ((result_r, result), (log_r, jail_log), (logs_r, logs)):
+                await loop.connect_read_pipe(functools.partial(_same, sink), os.fdopen(fd, "rb", 0))
+            # The request is written whole when the call comes (at most a few hundred KB):
+            # the transport keeps what the pipe cannot take yet, and closes it after.
+            stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(stdin_w, "wb", 0))
+        except BaseException:  # cancelled: the pipes end with the process, the uid after it
+            proc.kill()
+            _SPAWNER.submit(proc.reap_then, uid_lock.close)
+            raise
         jail = _Jail(kind, proc, uid, uid_lock, stdin, result, jail_log, logs)
         METRICS.jail_start_seconds.labels(kind.language).observe(time.monotonic() - began)
         return jail
