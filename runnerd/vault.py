@@ -5,6 +5,10 @@ The key is 32 random bytes, base64 in a 0600 file (``<data dir>/secrets.key`` un
 the config or RUNNERD_SECRETS_KEY). Each ciphertext is bound to its install and name
 (GCM associated data), so a row copied onto another install does not decrypt, and
 carries the id of its key, so a rotation is checkable row by row.
+
+The cipher (the ``cryptography`` package, about 6 MB of a daemon's memory) is loaded
+when a secret is first sealed or opened, or at start (``load``) when the store holds
+secrets: a daemon whose installs have none never carries it.
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ import hashlib
 import os
 import secrets
 from pathlib import Path
-
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from typing import TYPE_CHECKING
 
 from runnerd.errors import RunnerdError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 __all__ = ["Vault", "VaultError", "new_key"]
 
@@ -45,9 +50,18 @@ class Vault:
     def __init__(self, key: bytes, key_file: Path | None = None) -> None:
         if len(key) != 32:
             raise VaultError("the secrets key must be 32 bytes (base64 of 32 random bytes)")
-        self._aead = AESGCM(key)
+        self._key = key
+        self._aead: AESGCM | None = None
         self.key_id = key_id(key)
         self._key_file = key_file
+
+    def load(self) -> AESGCM:
+        """The cipher for the current key, loaded on first use."""
+        if self._aead is None:
+            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+            self._aead = AESGCM(self._key)
+        return self._aead
 
     @classmethod
     def from_settings(cls, key_b64: str | None, key_file: Path) -> Vault:
@@ -62,13 +76,18 @@ class Vault:
         """Pick up a rotated key file (``runnerd admin rotate-secrets-key`` while serving)."""
         if self._key_file is not None and self._key_file.exists():
             key = base64.b64decode(self._key_file.read_text().strip())
-            self._aead, self.key_id = AESGCM(key), key_id(key)
+            if key != self._key:
+                self._key, self._aead, self.key_id = key, None, key_id(key)
 
     def seal(self, install_id: str, name: str, value: str) -> tuple[str, bytes, bytes]:
         """(key id, nonce, ciphertext) for ``value``, under the current key file's key."""
         self._reload()
         nonce = secrets.token_bytes(12)
-        return self.key_id, nonce, self._aead.encrypt(nonce, value.encode(), _aad(install_id, name))
+        return (
+            self.key_id,
+            nonce,
+            self.load().encrypt(nonce, value.encode(), _aad(install_id, name)),
+        )
 
     def open(self, install_id: str, name: str, kid: str, nonce: bytes, ciphertext: bytes) -> str:
         if kid != self.key_id:
@@ -78,8 +97,10 @@ class Vault:
                 f"secret {name} was sealed with key {kid}, not the configured "
                 f"key {self.key_id}: is secrets_key_file right?"
             )
+        from cryptography.exceptions import InvalidTag
+
         try:
-            return self._aead.decrypt(nonce, ciphertext, _aad(install_id, name)).decode()
+            return self.load().decrypt(nonce, ciphertext, _aad(install_id, name)).decode()
         except InvalidTag:
             raise VaultError(f"secret {name} does not decrypt with the configured key") from None
 

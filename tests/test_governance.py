@@ -112,6 +112,44 @@ def test_secret_reaches_only_its_own_install(
     assert leaked["error"] == "output withheld: it contains the value of the secret API_TOKEN"
 
 
+def test_the_cipher_is_loaded_only_where_there_are_secrets(
+    toolchain_dir: Path, tmp_path: Path
+) -> None:
+    """The cipher (about 6 MB of an idle daemon) is not in a daemon whose installs have no
+    secrets; the first secret loads it, and a daemon started on a store holding secrets
+    loads it at start, not in its first call."""
+
+    def cipher_in(pid: int) -> bool:
+        return "cryptography" in Path(f"/proc/{pid}/maps").read_text()
+
+    with running_daemon(toolchain_dir, warm_jails="0") as d:
+        iid = d.ship(gov_app(tmp_path))["installId"]
+        assert d.run(iid, "echo", {"text": "a"}).json()["output"]["secret_len"] == 0
+        assert not cipher_in(d.proc.pid)
+        assert put_secret(d, iid, "API_TOKEN", "tok-" + "c" * 20).status_code == 200
+        assert cipher_in(d.proc.pid)
+        assert d.run(iid, "echo", {"text": "b"}).json()["output"]["secret_len"] == 24
+        d.proc.terminate()
+        d.proc.wait(timeout=20)
+        restart = subprocess.Popen(
+            [RUNNERD, "serve", "--port", str(d.port)],
+            env=d.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            for _ in range(400):
+                with contextlib.suppress(httpx.TransportError):
+                    if d.http.get("/readyz").status_code == 200:
+                        break
+                time.sleep(0.05)
+            assert cipher_in(restart.pid)
+            assert d.run(iid, "echo", {"text": "c"}).json()["output"]["secret_len"] == 24
+        finally:
+            restart.terminate()
+            restart.wait(timeout=20)
+
+
 def test_secrets_are_listed_by_name_never_returned(gov: tuple[Daemon, dict[str, Any]]) -> None:
     d, install = gov
     iid = install["installId"]

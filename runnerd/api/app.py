@@ -155,7 +155,10 @@ def create_app(settings: Settings) -> Starlette:
                 settings.data_dir,
             )
         vault = Vault.from_settings(settings.secrets_key, settings.secrets_key_path)
-        foreign = store.secret_key_ids() - {vault.key_id}
+        sealed_with = store.secret_key_ids()
+        if sealed_with:  # runs will open secrets: load the cipher now, not in a call
+            vault.load()
+        foreign = sealed_with - {vault.key_id}
         if foreign:  # never seal new secrets under another key than the stored ones'
             store.close()
             raise SystemExit(
