@@ -470,23 +470,32 @@ def _spawner(argv: list[str]) -> Callable[[], bool]:
     return lambda: subprocess.run(argv, env=env, stdout=subprocess.DEVNULL).returncode == 0
 
 
-async def _cold_runs(engine: Engine, tools: dict[str, Tool], count: int) -> dict[str, Stats]:
-    """Each tool ``count`` times, each run in a jail started for it (no warm pool), as
-    the daemon calls it; one event loop for all, so every jail's end is awaited."""
-    found = {}
+async def _cold_runs(
+    engine: Engine, bare: dict[str, Callable[[], bool]], tools: dict[str, Tool], count: int
+) -> dict[str, Stats]:
+    """``count`` turns; in each, every bare spawn once, and every tool once in a jail
+    started for it (no warm pool), as the daemon calls it; one event loop for all, so
+    every jail's end is awaited."""
+    ms: dict[str, list[float]] = {label: [] for label in [*bare, *tools]}
+    failed = dict.fromkeys(ms, 0)
     try:
-        for label, tool in tools.items():
-            await engine.runner.run(tool, {"n": 0}, logs=False)  # the page cache
-            ms, failed = [], 0
-            for i in range(count):
+        for spawn in bare.values():  # the page cache
+            spawn()
+        for tool in tools.values():
+            await engine.runner.run(tool, {"n": 0}, logs=False)
+        for i in range(count):
+            for label, spawn in bare.items():
+                began = time.perf_counter()
+                failed[label] += not spawn()
+                ms[label].append((time.perf_counter() - began) * 1000)
+            for label, tool in tools.items():
                 began = time.perf_counter()
                 result = await engine.runner.run(tool, {"n": i}, logs=False)
-                ms.append((time.perf_counter() - began) * 1000)
-                failed += result.status != "succeeded"
-            found[label] = Stats.of(ms, failed=failed)
+                ms[label].append((time.perf_counter() - began) * 1000)
+                failed[label] += result.status != "succeeded"
     finally:
         await engine.sandbox.close()
-    return found
+    return {label: Stats.of(ms[label], failed=failed[label]) for label in ms}
 
 
 @contextlib.contextmanager
@@ -529,12 +538,27 @@ def run_bench(
                 "JS and TypeScript cases: no toolchain (`runnerd toolchain install`)"
             )
         c = bench.cases
+        # Bare spawns and cold runs in turns (the machine's drift hits them alike), then
+        # the spawn rate of bare jails.
+        bare: dict[str, Callable[[], bool]] = {}
         if rt.python is not None:
-            say("baselines: bare python, bare nsjail + python")
             bare_py = [rt.python.executable, "-I", "-S", "-c", "pass"]
-            c["bare python3 -I -S -c pass"] = _timed(_spawner(bare_py), sizes.runs)
             jailed_py = bare_jail(engine, bare_py, rt.python.mounts)
-            c["bare nsjail + python"] = _timed(_spawner(jailed_py), sizes.runs)
+            bare["bare python3 -I -S -c pass"] = _spawner(bare_py)
+            bare["bare nsjail + python"] = _spawner(jailed_py)
+        if rt.node is not None:
+            bare["bare node -e 0"] = _spawner([rt.node.path, "-e", "0"])
+            jailed_node = bare_jail(engine, [rt.node.path, "-e", "0"], rt.node.mounts)
+            bare["bare nsjail + node"] = _spawner(jailed_node)
+        say("baselines and cold runs (no warm jail), in turns")
+        cold_tools = [("Python", "cold_py", ".py", PY_TOOL)]
+        if with_js:
+            cold_tools += [("JS", "cold_js", ".mjs", JS_TOOL), ("TS", "cold_ts", ".ts", TS_TOOL)]
+        cold_jobs = {f"cold {label} tool": bench_tool(engine, name, ext, source)
+                 for label, name, ext, source in cold_tools}  # fmt: skip
+        c.update(asyncio.run(_cold_runs(engine, bare, cold_jobs, sizes.runs)))
+        if rt.python is not None:
+            say("the spawn rate of bare jails")
             for workers in (2, CLIENTS):
                 cpu = _Cpu()
                 c[f"bare nsjail + python, {workers} workers"] = spawned = _load(
@@ -542,18 +566,6 @@ def run_bench(
                 )
             machine, clients, _ = cpu.per(spawned.n)
             bench.cpu_ms["bare spawn"] = machine - clients  # the spawner is no jail's cost
-        if rt.node is not None:
-            say("baselines: bare node, bare nsjail + node")
-            c["bare node -e 0"] = _timed(_spawner([rt.node.path, "-e", "0"]), sizes.runs)
-            jailed_node = bare_jail(engine, [rt.node.path, "-e", "0"], rt.node.mounts)
-            c["bare nsjail + node"] = _timed(_spawner(jailed_node), sizes.runs)
-        say("cold runs: no warm jail")
-        cold_tools = [("Python", "cold_py", ".py", PY_TOOL)]
-        if with_js:
-            cold_tools += [("JS", "cold_js", ".mjs", JS_TOOL), ("TS", "cold_ts", ".ts", TS_TOOL)]
-        cold_jobs = {f"cold {label} tool": bench_tool(engine, name, ext, source)
-                 for label, name, ext, source in cold_tools}  # fmt: skip
-        c.update(asyncio.run(_cold_runs(engine, cold_jobs, sizes.runs)))
 
         say("starting a throwaway daemon")
         daemon = _Daemon(settings, data / "daemon")

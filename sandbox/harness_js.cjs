@@ -1,10 +1,12 @@
 // runnerd's JavaScript harness: runs inside the jail, calls the tool's run(input) once.
 //
-// argv: RESULT_FD [waiting]  (waiting: started ahead of its call, in the warm pool)
+// argv: RESULT_FD [waiting]  (waiting: started ahead of its call, in the warm pool, for
+//       tools with packages: the ES module loader is set up meanwhile)
 // stdin: one JSON request {"code", "file", "module", "input", "env": {NAME: VALUE}}, read
 // to the end. The jail may be started before its call: it waits here, Node loaded, until
-// the request arrives. The code is written to the jail's own /tmp and imported from there
-// (so packages resolve from /node_modules).
+// the request arrives. The code is written to the jail's own /tmp and loaded from there
+// (so packages resolve from /node_modules): required when it is CommonJS (.cjs), else
+// imported.
 // RESULT_FD: one JSON reply, {"ok": true, "output": ...} or
 //            {"ok": false, "kind": "error"|"output", "type", "message", "stack"},
 //            after its length in bytes and a newline (the daemon answers once it has
@@ -55,6 +57,7 @@ function messageOf(err) {
 
 function pick(mod) {
   if (typeof mod.run === 'function') return mod.run;
+  if (typeof mod === 'function') return mod; // module.exports = fn, required
   if (typeof mod.default === 'function') return mod.default;
   if (mod.default && typeof mod.default.run === 'function') return mod.default.run;
   return null;
@@ -176,9 +179,10 @@ async function egress({ socket, token }) {
 }
 
 async function main() {
-  // A waiting jail pays the ESM loader's one-time set-up (about 2 ms) before its call
-  // comes, not after. (This file is CommonJS: an ES module as Node's entry costs about
-  // 8 ms more of every jail's start.)
+  // A waiting jail for tools with packages pays the ESM loader's one-time set-up (about
+  // 2 ms) before its call comes, not after; tools without packages are mostly CommonJS
+  // (compiled at upload) and are required. (This file is CommonJS: an ES module as
+  // Node's entry costs about 8 ms more of every jail's start.)
   if (mode === 'waiting') {
     const warm = '/tmp/.warm.mjs';
     writeFileSync(warm, 'export function run(i) { return { n: i.n } }\n', { mode: 0o400 });
@@ -196,7 +200,7 @@ async function main() {
   try {
     mkdirSync(TOOL_DIR, { mode: 0o700 });
     writeFileSync(toolFile, request.code, { mode: 0o400 });
-    const fn = pick(await import(toolFile));
+    const fn = pick(toolFile.endsWith('.cjs') ? require(toolFile) : await import(toolFile));
     if (!fn) throw new TypeError('the tool exports no run function and no default-exported function');
     const output = await fn(request.input);
     try {

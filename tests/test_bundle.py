@@ -568,7 +568,8 @@ def test_good_upload_stores_an_immutable_version(
         ("py_tool", "ts_tool"),
     )
     ts = store.get_tool(version.id, "ts_tool")
-    assert ts is not None and ts.language == "typescript" and ts.module_format == "esm"
+    # compiled to CommonJS: it imports no package
+    assert ts is not None and ts.language == "typescript" and ts.module_format == "cjs"
     assert ts.compiled_js is not None and "input.n + 1" in ts.compiled_js
     assert ": number" not in ts.compiled_js.split("//# sourceMappingURL")[0]
     assert ts.input_schema["required"] == ["n"]

@@ -174,6 +174,53 @@ def test_typescript_error_stack_names_the_ts_lines(engine: Engine) -> None:
     assert "t.ts:4:" in result.error
 
 
+def test_an_es_module_without_packages_runs_as_commonjs_keeping_its_meaning(
+    engine: Engine,
+) -> None:
+    """An ES module that imports only Node's builtins is compiled to CommonJS at upload,
+    so its jail needs no ES module loader; it stays strict code, its top-level `this`
+    is undefined, its imports and exports work, and its stack names its own lines."""
+    source = (
+        "import { join } from 'node:path'\n"
+        "export function run(input) {\n"
+        "  if (input.fail) throw new RangeError('at line 4')\n"
+        "  const strict = (function () { return this === undefined })()\n"
+        "  return { strict, top: String(topThis), path: join('/a', 'b'),\n"
+        "           commonjs: typeof module === 'object' }\n"
+        "}\n"
+        "const topThis = this\n"
+    )
+    tool = make_tool(engine, source, ext=".mjs")
+    assert tool.module_format == "cjs"
+    result = run_tool(engine, tool)
+    assert (result.status, result.output) == (
+        "succeeded",
+        {"strict": True, "top": "undefined", "path": "/a/b", "commonjs": True},
+    )
+    failed = run_tool(engine, tool, {"fail": True})
+    assert failed.error is not None and failed.error.startswith("RangeError: at line 4\n")
+    assert "t.mjs:3:" in failed.error
+
+
+@pytest.mark.parametrize(
+    ("source", "output"),
+    [
+        ("const n = await Promise.resolve(5)\nexport const run = () => ({ n })\n", {"n": 5}),
+        (
+            "export const run = () => ({ url: import.meta.url })\n",
+            {"url": "file:///tmp/.tool/t.mjs"},
+        ),
+    ],
+)
+def test_an_es_module_that_needs_the_loader_runs_as_one(
+    engine: Engine, source: str, output: dict[str, Any]
+) -> None:
+    tool = make_tool(engine, source, ext=".mjs")
+    assert tool.module_format == "esm"
+    result = run_tool(engine, tool)
+    assert (result.status, result.output) == ("succeeded", output)
+
+
 def test_javascript_rejected_promise_is_failed(engine: Engine) -> None:
     source = "export async function run() { throw new TypeError('nope') }\n"
     result = run_tool(engine, make_tool(engine, source, ext=".mjs"))

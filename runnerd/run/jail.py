@@ -531,8 +531,9 @@ class Sandbox:
         waiting: bool = False,
     ) -> list[str]:
         """The nsjail argv for a jail of ``kind``. Holds no code, no input, no secret.
-        ``waiting``: the jail waits for a call (a JS harness then pays its loader's
-        set-up ahead; a jail started for a call has its request already)."""
+        ``waiting``: the jail waits for a call (a JS harness for tools with packages then
+        pays its ES module loader's set-up ahead; a jail started for a call has its
+        request already)."""
         lim = self.limits
         python = kind.language == "python"
         runtime = self.runtimes.python if python else self.runtimes.node
@@ -594,11 +595,14 @@ class Sandbox:
             if kind.env_dir is not None:
                 argv += ["--bindmount_ro", f"{kind.env_dir}:/node_modules"]
             heap = max(16, lim.memory_mb * 3 // 4)
-            flags = [f"--max-old-space-size={heap}", "--disable-proto=delete"]
-            if kind.language == "typescript":
-                flags.append("--enable-source-maps")
+            # Source maps: TypeScript, and ES modules compiled to CommonJS, name the lines
+            # of their source in stack traces.
+            flags = [f"--max-old-space-size={heap}", "--disable-proto=delete",
+                     "--enable-source-maps"]  # fmt: skip
+            # Tools without packages are mostly CommonJS: no ES module loader to set up.
+            loader = waiting and kind.env_dir is not None
             argv += ["--", runtime_path(self.runtimes, "node"), *flags, harness,
-                     str(result_fd), *(["waiting"] if waiting else [])]  # fmt: skip
+                     str(result_fd), *(["waiting"] if loader else [])]  # fmt: skip
         return argv
 
     async def _start(self, kind: JailKind, wall_s: int, *, waiting: bool = False) -> _Jail:

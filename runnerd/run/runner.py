@@ -127,9 +127,8 @@ def _code_file(tool: RunnableTool) -> tuple[str, str]:
         return f"{tool.name}.py", tool.source
     if tool.language == "typescript":
         assert tool.compiled_js is not None, "TypeScript is compiled at upload"
-        return f"{tool.name}.mjs", tool.compiled_js
     ext = ".cjs" if tool.module_format == "cjs" else ".mjs"
-    return f"{tool.name}{ext}", tool.source
+    return f"{tool.name}{ext}", tool.compiled_js or tool.source
 
 
 def metered_ms(seconds: float) -> int:

@@ -69,7 +69,7 @@ class Tool(msgspec.Struct, frozen=True):
     yaml_text: str
     source_path: str
     source: str
-    compiled_js: str | None  # TypeScript compiled to ES module JavaScript
+    compiled_js: str | None  # what the jail runs when not the source (runnerd/upload/code.py)
     module_format: str | None  # esm | cjs for JavaScript/TypeScript, None for Python
 
 

@@ -28,8 +28,11 @@ class CodeCheck(msgspec.Struct):
     """What the checks found for one source file."""
 
     problems: list[tuple[int | None, str]] = msgspec.field(default_factory=list)
-    compiled_js: str | None = None  # TypeScript only
-    module_format: str | None = None  # esm | cjs for JavaScript/TypeScript
+    # What the jail runs when it is not the source: TypeScript compiled, or an ES module
+    # that needs no module loader compiled to CommonJS; module_format is its format
+    # (esm | cjs), for JavaScript and TypeScript.
+    compiled_js: str | None = None
+    module_format: str | None = None
 
 
 def check_code(files: list[SourceFile], toolchain: Toolchain | None) -> dict[str, CodeCheck]:
@@ -98,8 +101,8 @@ def _check_js(files: list[SourceFile], toolchain: Toolchain | None) -> dict[str,
                     (err.get("line"), f"{kind} syntax error{column}: {err['text']}")
                 )
             continue
-        check.compiled_js = answer["code"]
-        check.module_format = answer["format"]
+        check.compiled_js = answer["commonjs"] or answer["code"]
+        check.module_format = "cjs" if answer["commonjs"] else answer["format"]
         exports = set(answer["exports"])
         if "run" not in exports and "default" not in exports:
             kind = "ES module" if answer["format"] == "esm" else "CommonJS module"
