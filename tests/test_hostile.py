@@ -849,7 +849,8 @@ def test_the_node_jail_shows_exactly_its_runtime(engine: Engine, tmp_path: Path)
     out = tool_test(engine, tmp_path, WALK_JS, ext=".mjs")
     expected = _expected_view(
         runtime.mounts,
-        [*JAIL_DEVICES, "/sandbox/harness_js.cjs", "/tmp/.tool/probe.mjs"],
+        # the probe imports only builtins: it was compiled to CommonJS at upload
+        [*JAIL_DEVICES, "/sandbox/harness_js.cjs", "/tmp/.tool/probe.cjs"],
     )
     assert set(out["paths"]) == expected
     assert out["setid"] == []
