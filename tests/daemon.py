@@ -242,6 +242,31 @@ def running_daemon(
         shutil.rmtree(data, ignore_errors=True)
 
 
+@contextmanager
+def serving_again(daemon: Daemon) -> Iterator[subprocess.Popen[bytes]]:
+    """``runnerd serve`` again on ``daemon``'s data dir, settings and port, once its own
+    process has ended; stopped on the way out."""
+    proc = subprocess.Popen(
+        [RUNNERD, "serve", "--port", str(daemon.port)],
+        env=daemon.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if daemon.http.get("/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
 _PROBE = r"""
 import http.client, json, sys, threading, time
 conn = http.client.HTTPConnection('127.0.0.1', int(sys.argv[1]), timeout=30)

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from conftest import RUNNERD, run_cli, write_app
-from daemon import Daemon, concurrently, envelope, running_daemon
+from daemon import Daemon, concurrently, envelope, running_daemon, serving_again
 
 pytestmark = pytest.mark.jail
 # The tests on the module's daemon run on both stores.
@@ -131,23 +131,9 @@ def test_the_cipher_is_loaded_only_where_there_are_secrets(
         assert d.run(iid, "echo", {"text": "b"}).json()["output"]["secret_len"] == 24
         d.proc.terminate()
         d.proc.wait(timeout=20)
-        restart = subprocess.Popen(
-            [RUNNERD, "serve", "--port", str(d.port)],
-            env=d.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            for _ in range(400):
-                with contextlib.suppress(httpx.TransportError):
-                    if d.http.get("/readyz").status_code == 200:
-                        break
-                time.sleep(0.05)
+        with serving_again(d) as restart:
             assert cipher_in(restart.pid)
             assert d.run(iid, "echo", {"text": "c"}).json()["output"]["secret_len"] == 24
-        finally:
-            restart.terminate()
-            restart.wait(timeout=20)
 
 
 def test_secrets_are_listed_by_name_never_returned(gov: tuple[Daemon, dict[str, Any]]) -> None:
@@ -639,20 +625,7 @@ def test_kill_9_during_a_run_leaves_its_rows_and_the_restart_closes_them(
         store.close()
         os.kill(d.proc.pid, signal.SIGKILL)
         d.proc.wait(timeout=10)
-        restart = subprocess.Popen(
-            [RUNNERD, "serve", "--port", str(d.port)],
-            env=d.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            for _ in range(200):
-                try:
-                    if d.http.get("/readyz").status_code == 200:
-                        break
-                except Exception:
-                    pass
-                time.sleep(0.05)
+        with serving_again(d):
             store = d.store()
             row = store.get_run(running.id)
             assert row is not None
@@ -671,9 +644,6 @@ def test_kill_9_during_a_run_leaves_its_rows_and_the_restart_closes_them(
             store.close()
             detail = d.call("GET", f"/api/v2/runs/{running.id}", d.admin_key).json()
             assert detail["run"]["errorKind"] == "interrupted"
-        finally:
-            restart.terminate()
-            restart.wait(timeout=20)
 
 
 def test_governance_from_the_cli(gov: tuple[Daemon, dict[str, Any]]) -> None:

@@ -29,18 +29,25 @@ const MODULE_EXPORTS_ASSIGN = /\bmodule\s*\.\s*exports\s*=(?!=)/;
 
 const WRAPPER = ['exports', 'require', 'module', '__filename', '__dirname'];
 
+// esbuild's transform of one source, for Node 20, with these options on top.
+function transform(file, typescript, options) {
+  return esbuild.transformSync(file.source, {
+    loader: typescript ? 'ts' : 'js',
+    sourcefile: file.path,
+    target: 'node20',
+    sourcesContent: false,
+    logLevel: 'silent',
+    ...options,
+  });
+}
+
 function commonjs(file, typescript) {
   let out;
   try {
-    out = esbuild.transformSync(file.source, {
-      loader: typescript ? 'ts' : 'js',
-      sourcefile: file.path,
+    out = transform(file, typescript, {
       format: 'cjs',
       banner: '"use strict";', // an ES module is strict code: so is what stands for it
-      target: 'node20',
       sourcemap: 'inline',
-      sourcesContent: false,
-      logLevel: 'silent',
     });
   } catch {
     return null; // top-level await
@@ -58,14 +65,7 @@ function check(file) {
   const typescript = file.language === 'typescript';
   let code;
   try {
-    code = esbuild.transformSync(file.source, {
-      loader: typescript ? 'ts' : 'js',
-      sourcefile: file.path,
-      target: 'node20',
-      sourcemap: typescript ? 'inline' : false,
-      sourcesContent: false,
-      logLevel: 'silent',
-    }).code;
+    code = transform(file, typescript, { sourcemap: typescript ? 'inline' : false }).code;
   } catch (err) {
     const errors = (err.errors || [{ text: String(err) }]).map((e) => ({
       line: e.location ? e.location.line : null,
