@@ -56,6 +56,7 @@ function messageOf(err) {
 }
 
 function pick(mod) {
+  if (mod === null || mod === undefined) return null; // module.exports = null, required
   if (typeof mod.run === 'function') return mod.run;
   if (typeof mod === 'function') return mod; // module.exports = fn, required
   if (typeof mod.default === 'function') return mod.default;

@@ -221,6 +221,16 @@ def test_an_es_module_that_needs_the_loader_runs_as_one(
     assert (result.status, result.output) == ("succeeded", output)
 
 
+@pytest.mark.parametrize("exported", ["null", "undefined", "42", "{ helper: 1 }"])
+def test_a_commonjs_tool_exporting_no_function_is_told_so(engine: Engine, exported: str) -> None:
+    """Required, not imported: what `module.exports` holds comes back as it is, null too."""
+    result = run_tool(engine, make_tool(engine, f"module.exports = {exported}\n", ext=".js"))
+    assert (result.status, result.error) == (
+        "failed",
+        "TypeError: the tool exports no run function and no default-exported function",
+    )
+
+
 def test_javascript_rejected_promise_is_failed(engine: Engine) -> None:
     source = "export async function run() { throw new TypeError('nope') }\n"
     result = run_tool(engine, make_tool(engine, source, ext=".mjs"))
