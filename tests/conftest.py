@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from pg_cluster import PgCluster
 
+from pg_cluster import PgCluster
 from runnerd.config import load_settings
 from runnerd.run.engine import Engine, build_engine
 from runnerd.run.runner import RunResult

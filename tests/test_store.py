@@ -13,7 +13,8 @@ import psycopg
 import pytest
 
 from conftest import AppDir
-from runnerd.errors import BudgetExhausted, VersionExists
+from pg_cluster import PgCluster
+from runnerd.errors import BudgetExhausted, DatabaseUnavailable, VersionExists
 from runnerd.store import DB_FILENAME, MIGRATIONS, Store, new_id
 from runnerd.store.db import PostgresDatabase, SQLiteDatabase
 from runnerd.upload.bundle import read_app_dir
@@ -243,3 +244,61 @@ def test_store_work_leaves_the_event_loop_only_on_postgresql(store: Store) -> No
         await store.io(store.create_workspace, "After")
 
     asyncio.run(main())
+
+
+def _terminate_backend(url: str, db: PostgresDatabase) -> None:
+    """End, from outside, the server process behind this thread's connection of ``db``
+    (what a restart or a failover does to every connection), and wait until it is gone."""
+    pid = db.execute("SELECT pg_backend_pid()").fetchone()
+    with psycopg.connect(url, autocommit=True) as admin:
+        ended = admin.execute("SELECT pg_terminate_backend(%s, 5000)", [pid and pid[0]])
+        assert ended.fetchone() == (True,)
+
+
+def test_a_connection_the_server_hung_up_on_is_made_again_before_its_next_statement(
+    pg: PgCluster,
+) -> None:
+    url = pg.new_database()
+    db = PostgresDatabase(url)
+    try:
+        _terminate_backend(url, db)
+        # No statement failed in this process: the hang-up itself is what is noticed.
+        assert db.execute("SELECT 1").fetchone() == (1,)
+        with db.write():
+            db.execute("CREATE TABLE kept (n INTEGER)")
+        _terminate_backend(url, db)
+        with db.snapshot():
+            assert db.execute("SELECT count(*) FROM kept").fetchone() == (0,)
+    finally:
+        db.close()
+
+
+def test_a_transaction_keeps_its_connection_when_another_thread_s_breaks(
+    pg: PgCluster,
+) -> None:
+    """Another thread's connection failing makes every connection suspect, but one in
+    the middle of a transaction must not be swapped: the rest of the transaction would
+    run outside it, and a rollback would keep half of it."""
+    url = pg.new_database()
+    db = PostgresDatabase(url)
+    try:
+        db.execute("CREATE TABLE half (n INTEGER)")
+        failed: list[BaseException] = []
+
+        def broken_elsewhere() -> None:
+            with pytest.raises(DatabaseUnavailable) as caught, db.snapshot():
+                _terminate_backend(url, db)  # inside a transaction, unseen until used
+                db.execute("SELECT 1")
+            failed.append(caught.value)
+
+        with pytest.raises(RuntimeError, match="undone"), db.write():
+            db.execute("INSERT INTO half VALUES (1)")
+            other = threading.Thread(target=broken_elsewhere)
+            other.start()
+            other.join()
+            assert failed, "the other thread's statement did not fail"
+            db.execute("INSERT INTO half VALUES (2)")
+            raise RuntimeError("undone")
+        assert db.execute("SELECT count(*) FROM half").fetchone() == (0,)
+    finally:
+        db.close()

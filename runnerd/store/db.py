@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import re
+import select
 import socket
 import sqlite3
 import threading
@@ -206,6 +207,16 @@ _PG_TYPES = (
 )  # fmt: skip
 
 
+def _hung_up(conn: Any) -> bool:
+    """The server spoke, unasked, on an idle connection: at a restart, a failover or a
+    terminated backend, it sends a FATAL message and closes. Seen by one poll of the
+    socket, without a round trip. (Any other word on an idle connection, a notice, is
+    rare, and costs only a new connection.)"""
+    poller = select.poll()
+    poller.register(conn.pgconn.socket, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 def _unreachable(where: str, error: Exception) -> str:
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return f"PostgreSQL at {where} did not answer: {first}"
@@ -268,11 +279,16 @@ class PostgresDatabase:
         return conn
 
     def _live(self) -> Any:
-        """This thread's connection, made again if the last one broke (PostgreSQL
-        restarted)."""
+        """This thread's connection. Inside a transaction, always the one it began on:
+        its statements stay together, and fail together if that connection broke.
+        Between transactions it is made again when it broke, when the server hung up on
+        it while it sat idle (a restart, a failover, a terminated backend), or when
+        another thread's connection failed (after a restart, all of them are stale)."""
         conn = getattr(self._local, "conn", None)
+        if getattr(self._local, "pinned", 0):
+            return conn
         stale = getattr(self._local, "generation", -1) != self._generation
-        if conn is None or conn.closed or conn.broken or stale:
+        if conn is None or conn.closed or conn.broken or stale or _hung_up(conn):
             generation = self._generation
             if conn is not None and not conn.closed:
                 conn.close()
@@ -283,12 +299,26 @@ class PostgresDatabase:
         return conn
 
     @contextlib.contextmanager
+    def _pinned(self) -> Iterator[Any]:
+        """This thread's connection, kept for every statement until the block ends."""
+        conn = self._live()
+        self._local.pinned = getattr(self._local, "pinned", 0) + 1
+        try:
+            yield conn
+        finally:
+            self._local.pinned -= 1
+
+    @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
-        """PostgreSQL not answering becomes DatabaseUnavailable (503, Retry-After)."""
+        """PostgreSQL not answering becomes DatabaseUnavailable (503, Retry-After). A
+        connection that broke makes every thread's connection suspect: each makes its
+        own again before its next transaction."""
         try:
             yield
         except (self._psycopg.OperationalError, self._psycopg.InterfaceError) as error:
-            self._generation += 1
+            conn = getattr(self._local, "conn", None)
+            if conn is None or conn.closed or conn.broken:
+                self._generation += 1
             raise DatabaseUnavailable(_unreachable(self.where, error)) from None
 
     def execute(self, sql: str, params: Iterable[Any] = ()) -> Cursor:
@@ -324,20 +354,16 @@ class PostgresDatabase:
     def write(self) -> Iterator[None]:
         """A transaction that holds runnerd's write lock, across every node, from its
         first statement: SQLite's BEGIN IMMEDIATE, for a database many nodes share."""
-        with self._guard():
-            conn = self._live()
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", [WRITE_LOCK])
-                yield
+        with self._guard(), self._pinned() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", [WRITE_LOCK])
+            yield
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[None]:
         """A read transaction that sees one moment (REPEATABLE READ)."""
-        self.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        try:
+        with self._guard(), self._pinned() as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             yield
-        finally:
-            self.execute("ROLLBACK")
 
     def ddl(self, sql: str) -> None:
         for pattern, replacement in _PG_TYPES:
