@@ -29,9 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from pg_cluster import PgCluster  # noqa: E402
-
 from daemon import Daemon, running_daemon  # noqa: E402
+from pg_cluster import PgCluster  # noqa: E402
 from runnerd.bench import bare_jail  # noqa: E402
 from runnerd.config import load_settings  # noqa: E402
 from runnerd.run.engine import build_engine  # noqa: E402
