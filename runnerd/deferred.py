@@ -1,11 +1,14 @@
 """Work that waits until the answer to the current HTTP request has been sent.
 
-A call's run ends by starting the next waiting jail of its kind. That start forks
-nsjail on the event loop (about a millisecond, more under load): done before the
-answer is written, it is paid by the caller who is waiting for that answer. So the run
-engine hands such work to ``after_answer``, and ``AnswerFirst``, the outermost
-middleware, runs it once the response has gone to the socket. Outside a request (a
-background task, ``runnerd tool test``) the work runs on the next turn of the loop.
+A call's run ends by writing its end (row, ledger, audit) and by starting the next
+waiting jail of its kind. Done before the answer is written, both are paid by the
+caller who is waiting for that answer. So the run engine hands such work to
+``after_answer``, and ``AnswerFirst``, the outermost middleware, runs it as soon as
+the response's last byte has been handed to the socket, in the same turn of the event
+loop: no other request is served in between, so the caller's next request (or anyone
+else's) already sees what the work wrote. Outside a request (a background task,
+``runnerd tool test``) the work runs on the next turn of the loop, and ``answering``
+says which case the code is in.
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ import logging
 from collections.abc import Callable
 from contextvars import ContextVar
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["AnswerFirst", "after_answer"]
+__all__ = ["AnswerFirst", "after_answer", "answering"]
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +48,18 @@ def after_answer(work: Callable[[], None]) -> None:
         asyncio.get_running_loop().call_soon(work)
 
 
+def answering() -> bool:
+    """Whether an HTTP answer is being prepared here, so ``after_answer`` work runs in
+    the same turn of the loop as its sending."""
+    pending = _PENDING.get()
+    return pending is not None and pending.open
+
+
 class AnswerFirst:
-    """Runs what ``after_answer`` was given once the request's answer is sent (when the
-    app returns, uvicorn has written the whole response to the socket)."""
+    """Runs what ``after_answer`` was given right after the request's last response
+    message is sent (uvicorn has written it to the socket when ``send`` returns), before
+    anything else on the loop. Work left when the app returns without a last message (a
+    client gone, an error) runs then."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -57,14 +69,25 @@ class AnswerFirst:
             await self.app(scope, receive, send)
             return
         pending = _Pending()
+
+        async def send_then_work(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                _run(pending)
+
         token = _PENDING.set(pending)
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_then_work)
         finally:
-            pending.open = False
             _PENDING.reset(token)
-            for work in pending.work:
-                try:
-                    work()
-                except Exception:
-                    log.exception("work after an answer failed")
+            _run(pending)
+
+
+def _run(pending: _Pending) -> None:
+    pending.open = False
+    work, pending.work = pending.work, []
+    for one in work:
+        try:
+            one()
+        except Exception:
+            log.exception("work after an answer failed")

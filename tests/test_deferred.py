@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from runnerd.deferred import AnswerFirst, after_answer
+from runnerd.deferred import AnswerFirst, after_answer, answering
 
 
 def _scope() -> dict[str, Any]:
@@ -35,9 +35,42 @@ def test_work_given_during_a_request_runs_once_its_answer_is_sent() -> None:
     async def send(message: dict[str, Any]) -> None:
         events.append(message["type"])
 
-    app = AnswerFirst(Starlette(routes=[Route("/", endpoint)]))
-    asyncio.run(app(_scope(), receive, send))  # type: ignore[arg-type]
-    assert events == ["http.response.start", "http.response.body", "work", "task work"]
+    inner = Starlette(routes=[Route("/", endpoint)])
+
+    async def app_then_note(scope: Any, receive: Any, send: Any) -> None:
+        await inner(scope, receive, send)
+        events.append("app returned")
+
+    app = AnswerFirst(app_then_note)
+    asyncio.run(app(_scope(), receive, send))
+    # The work runs as soon as the last byte is handed over, before the app (and the loop)
+    # moves on: nothing else is served in between.
+    assert events == [
+        "http.response.start",
+        "http.response.body",
+        "work",
+        "task work",
+        "app returned",
+    ]
+
+
+def test_work_of_a_request_that_sent_no_answer_runs_when_it_ends() -> None:
+    events: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        assert answering()
+        after_answer(lambda: events.append("work"))
+        raise ConnectionResetError("the client went away")
+
+    async def main() -> None:
+        assert not answering()
+        try:
+            await AnswerFirst(app)(_scope(), None, None)  # type: ignore[arg-type]
+        except ConnectionResetError:
+            events.append("raised")
+
+    asyncio.run(main())
+    assert events == ["work", "raised"]
 
 
 async def _later(events: list[str]) -> None:
