@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import logging
 import time
@@ -22,7 +21,6 @@ from typing import Any
 import msgspec
 
 from runnerd.config import Settings
-from runnerd.deferred import after_answer, answering
 from runnerd.errors import BudgetExhausted, DatabaseUnavailable, RunnerdError
 from runnerd.metrics import METRICS
 from runnerd.run.jail import SandboxUnavailable
@@ -422,20 +420,14 @@ class Calls:
             done.cancel()
             self._running.pop(run_id, None)
             raise
-        end = {
-            "status": outcome.status,
-            "duration_ms": outcome.duration_ms,
-            "error_kind": None if outcome.status == "succeeded" else outcome.status,
-            "key_id": key_id,
-            "egress": outcome.egress,
-        }
-        if self.store.inline and answering():
-            # SQLite: the end is written right after the answer is sent, in the same turn
-            # of the loop, so the caller does not wait for it and no request sees the run
-            # before it ends.
-            after_answer(functools.partial(self._finish_now, run_id, end))
-        else:
-            await self._finish_run(run_id, **end)
+        await self._finish_run(
+            run_id,
+            status=outcome.status,
+            duration_ms=outcome.duration_ms,
+            error_kind=None if outcome.status == "succeeded" else outcome.status,
+            key_id=key_id,
+            egress=outcome.egress,
+        )
         _count_run(install, tool.name, surface, outcome.status, outcome.duration_ms, outcome.egress)
         result = CallResult(
             run_id, outcome.status, outcome.output, outcome.error, outcome.duration_ms
@@ -453,14 +445,6 @@ class Calls:
             await self.store.io(self.store.finish_run, run_id, **end)
         except DatabaseUnavailable:
             log.warning("run %s ended while the database was away; its end is kept", run_id)
-            self._unfinished[run_id] = end
-
-    def _finish_now(self, run_id: str, end: dict[str, Any]) -> None:
-        """``_finish_run`` for a store that works inline (SQLite), after an answer."""
-        try:
-            self.store.finish_run(run_id, **end)
-        except Exception:
-            log.exception("run %s could not be ended now; its end is kept", run_id)
             self._unfinished[run_id] = end
 
     async def retry_unfinished(self) -> int:

@@ -1,14 +1,16 @@
 """Work that waits until the answer to the current HTTP request has been sent.
 
-A call's run ends by writing its end (row, ledger, audit) and by starting the next
-waiting jail of its kind. Done before the answer is written, both are paid by the
-caller who is waiting for that answer. So the run engine hands such work to
-``after_answer``, and ``AnswerFirst``, the outermost middleware, runs it as soon as
-the response's last byte has been handed to the socket, in the same turn of the event
-loop: no other request is served in between, so the caller's next request (or anyone
-else's) already sees what the work wrote. Outside a request (a background task,
-``runnerd tool test``) the work runs on the next turn of the loop, and ``answering``
-says which case the code is in.
+A call's run ends by starting the next waiting jail of its kind. That start forks
+nsjail on the event loop (about a millisecond, more under load): done before the
+answer is written, it is paid by the caller who is waiting for that answer. So the run
+engine hands such work to ``after_answer``, and ``AnswerFirst``, the outermost
+middleware, runs it as soon as the response's last byte has been handed to the socket,
+in the same turn of the event loop. Outside a request (a background task, ``runnerd
+tool test``) the work runs on the next turn of the loop.
+
+A run's end (row, ledger, audit) is never such work: it is written before the answer,
+so whoever holds a success can already read it in the ledger, and a daemon killed
+after answering cannot leave a success recorded as interrupted.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from contextvars import ContextVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["AnswerFirst", "after_answer", "answering"]
+__all__ = ["AnswerFirst", "after_answer"]
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +48,6 @@ def after_answer(work: Callable[[], None]) -> None:
         pending.work.append(work)
     else:
         asyncio.get_running_loop().call_soon(work)
-
-
-def answering() -> bool:
-    """Whether an HTTP answer is being prepared here, so ``after_answer`` work runs in
-    the same turn of the loop as its sending."""
-    pending = _PENDING.get()
-    return pending is not None and pending.open
 
 
 class AnswerFirst:

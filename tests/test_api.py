@@ -180,6 +180,23 @@ def test_run_answers_200_with_the_five_fields(daemon: Daemon, install: dict[str,
     assert row.user_id == daemon.store().ensure_user("ada@example.com").id
 
 
+def test_whoever_holds_an_answer_finds_its_run_ended_in_the_ledger(
+    daemon: Daemon, install: dict[str, Any]
+) -> None:
+    # A run's end is committed before its answer is sent, so another process reading the
+    # store the instant the answer arrives already sees the end (row and ledger row).
+    store = daemon.store()
+    try:
+        for _ in range(25):
+            body = daemon.run(install["installId"], "score_offer", OFFER).json()
+            row = store.get_run(body["runId"])
+            assert row is not None and row.status == "succeeded", row
+            ledger = store.ledger(install_id=install["installId"])
+            assert body["runId"] in {entry["run_id"] for entry in ledger}
+    finally:
+        store.close()
+
+
 def test_failed_and_timed_out_runs_are_200_too(daemon: Daemon, tmp_path: Path) -> None:
     root = write_app(
         tmp_path / "bad",

@@ -65,11 +65,6 @@ class StoreBase:
         if self.db.dialect == "postgresql":  # threads start on first use
             self._workers = ThreadPoolExecutor(connections, thread_name_prefix="runnerd-db")
 
-    @property
-    def inline(self) -> bool:
-        """Whether store work runs on the caller's thread (SQLite), not on a worker."""
-        return self._workers is None
-
     async def io(self, work: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``work(*args, **kwargs)`` (store operations, or a function of several), for
         code on the event loop.
