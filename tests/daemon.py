@@ -218,8 +218,9 @@ def running_daemon(
     proc = subprocess.Popen(
         wrap(argv) if wrap else argv, env=env, stdout=log, stderr=subprocess.STDOUT
     )
-    daemon = Daemon(data, port, proc, boot["workspaceId"], boot["apiKey"], env)
+    daemon = None
     try:
+        daemon = Daemon(data, port, proc, boot["workspaceId"], boot["apiKey"], env)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -238,7 +239,8 @@ def running_daemon(
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
-        daemon.http.close()
+        if daemon is not None:
+            daemon.http.close()
         shutil.rmtree(data, ignore_errors=True)
 
 
