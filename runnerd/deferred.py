@@ -3,11 +3,11 @@
 A call's run ends by starting the next waiting jail of its kind. That start (its
 pipes, its uid, handing nsjail's fork to the spawner thread) takes the event loop and
 the GIL for a while, more under load: done before the answer is written, it is paid by
-the caller who is waiting for that answer. So the run
-engine hands such work to ``after_answer``, and ``AnswerFirst``, the outermost
-middleware, runs it as soon as the response's last byte has been handed to the socket,
-in the same turn of the event loop. Outside a request (a background task, ``runnerd
-tool test``) the work runs on the next turn of the loop.
+the caller who is waiting for that answer. So the run engine hands such work to
+``after_answer``, and ``AnswerFirst``, the outermost middleware, runs it as soon as the
+response's last byte has been handed to the socket, in the same turn of the event loop.
+Outside a request (a background task, ``runnerd tool test``) the work runs on the next
+turn of the loop.
 
 A run's end (row, ledger, audit) is never such work: it is written before the answer,
 so whoever holds a success can already read it in the ledger, and a daemon killed
