@@ -215,6 +215,44 @@ def test_the_largest_bundle_is_checked_and_stored_off_the_event_loop(
     assert len(response.json()["version"]["tools"]) == 50
 
 
+def test_deploy_files_are_read_one_by_one_with_every_json_form_and_every_refusal_clean(
+    daemon: Daemon,
+) -> None:
+    # The daemon reads a deploy's file contents one file at a time (the body's strings
+    # are left unread at first). Each file may still come in any legal JSON form; and no
+    # value a file cannot be, however deep, may get past a clean 400.
+    source = b"def run(i):\n    return {'q': '???'}\n"  # base64 has '/': "Pz8/"
+    files = {
+        "agentserve.app.yaml": b"slug: escapes\nname: Escapes\ntools: ./tools/*\n",
+        "tools/q.tool.yaml": tool_doc("q").encode(),
+        "tools/q.py": source,
+    }
+    plain = json.dumps({"files": {p: base64.b64encode(d).decode() for p, d in files.items()}})
+    assert "/" in base64.b64encode(source).decode()
+    url, params = "/api/v2/apps/deploy", {"workspaceId": daemon.workspace_id}
+
+    def post(body: str | bytes) -> httpx.Response:
+        raw = body.encode() if isinstance(body, str) else body
+        return daemon.call("POST", url, daemon.admin_key, params=params, content=raw)
+
+    escaped = post(plain.replace("/", "\\/"))  # "\/" is JSON for "/"
+    assert escaped.status_code == 201, escaped.text
+    again = post(plain)
+    assert again.status_code == 201, again.text
+    assert escaped.json()["version"]["contentHash"] == again.json()["version"]["contentHash"]
+
+    def refused(value: str) -> str:
+        body = plain.replace(f'"{base64.b64encode(source).decode()}"', value)
+        assert body != plain
+        return str(envelope(post(body), 400, "INVALID_BODY")["message"])
+
+    assert "files['tools/q.py'] must be a base64 string" in refused("12")
+    assert "files['tools/q.py'] must be a base64 string" in refused('{"a": "b"}')
+    assert "files['tools/q.py'] is not" in refused('"not base64!"')
+    assert "nested too deeply" in refused("[" * 100_000 + "]" * 100_000)
+    assert "not JSON" in refused('"unterminated')
+
+
 # --- 2. manifest globs -------------------------------------------------------------------------
 
 

@@ -85,7 +85,8 @@ async def read_body(
     A ``kind`` with a free-form field (a run's input) passes ``nesting_reason``: the body
     is then refused unread, with that details.code, when it nests deeper than
     MAX_JSON_DEPTH inside its top-level object. Other kinds need no such check: decoding
-    into a fixed shape stops at the first value of the wrong kind, before any depth."""
+    into a fixed shape stops at the first value of the wrong kind, before any depth; a
+    part left unread (a msgspec.Raw) is refused when deeper than msgspec's own limit."""
     data = bytearray()
     async for chunk in request.stream():
         data += chunk
@@ -117,4 +118,8 @@ def _decode(raw: bytearray, kind: type[Any], nesting_reason: str | None) -> Any:
     except msgspec.DecodeError as exc:
         raise ApiError(
             "BAD_REQUEST", f"request body is not JSON: {exc}", details={"code": "INVALID_BODY"}
+        ) from None
+    except RecursionError:  # a free-form part (a msgspec.Raw) deeper than msgspec goes
+        raise ApiError(
+            "BAD_REQUEST", "request body is nested too deeply", details={"code": "INVALID_BODY"}
         ) from None
