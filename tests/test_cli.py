@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -101,3 +103,26 @@ def test_doctor_fails_without_a_usable_python(toolchain: Toolchain, tmp_path: Pa
     )
     assert proc.returncode == 1
     assert "FAIL python" in proc.stdout
+    assert "/nonexistent/python3 is not a working Python" in proc.stdout
+
+
+@pytest.mark.jail
+def test_doctor_says_why_a_python_in_a_private_folder_is_passed_by(
+    toolchain: Toolchain, tmp_path: Path
+) -> None:
+    # A Python under a folder only root can enter (pyenv under /root, say): sandboxes,
+    # which run as other uids, cannot mount it, and the doctor says so by name.
+    private = tmp_path / "private"
+    (private / "bin").mkdir(parents=True)
+    python = private / "bin" / "python3"
+    shutil.copy2(os.path.realpath("/usr/bin/python3"), python)
+    private.chmod(0o700)
+    proc = runnerd(
+        "doctor", "--data-dir", str(tmp_path / "data"), toolchain=toolchain,
+        env={"RUNNERD_PYTHON": str(python)},
+    )  # fmt: skip
+    assert proc.returncode == 1
+    line = next(x for x in proc.stdout.splitlines() if x.split()[1:2] == ["python"])
+    assert line.startswith("FAIL"), line
+    assert f"not using {python} for tools: sandboxes cannot mount it" in line
+    assert f"({python} is not readable by unprivileged users)" in line

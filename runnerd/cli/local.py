@@ -351,10 +351,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             required=False,
         )
         rt = engine.runtimes
+        passed_by = [n.removeprefix("python: ") for n in rt.notes if n.startswith("python: ")]
         check(
             "python",
             rt.python is not None,
-            f"{rt.python.executable} {rt.python.version}" if rt.python else "not found",
+            f"{rt.python.executable} {rt.python.version}"
+            if rt.python
+            else "; ".join(passed_by) or "not found",
         )
         check(
             "node",

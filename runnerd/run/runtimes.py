@@ -113,7 +113,8 @@ def _jail_mounts(binary: str, folders: list[str], modules: list[str]) -> tuple[s
         for folder in sorted(folders_of_libraries)
         if os.path.exists(path := os.path.join(folder, name))
     ]
-    linked = shared_libraries([binary, *modules, *wheel]) or own
+    # What the binary and its modules link is in ``own``: ldd sees only the wheel ones.
+    linked = [*own, *(shared_libraries(wheel) or [])]
     # ldd lists what a file links, not the file: the wheel libraries are added as such.
     libraries = {m.split(":", 1)[1]: m for m in linked}
     for path in wheel:
@@ -190,12 +191,17 @@ def _probe_python(candidate: str) -> PythonRuntime | None:
         return None
     exe = os.path.realpath(found)
     folders = sorted({info["stdlib"], info["platstdlib"]})
+    build_mounts = _outermost({exe, *folders, *system_mounts()})
+    if not all(world_readable(Path(p)) for p in (exe, *folders)):
+        # A Python sandboxes cannot mount (find_python says so and passes it by): its
+        # libraries are not worth the ldd runs, half a second or more.
+        return PythonRuntime(exe, info["version"], _outermost({exe, *folders}), build_mounts)
     modules = sorted(str(p) for folder in folders for p in Path(folder).glob("lib-dynload/*.so"))
     return PythonRuntime(
         executable=exe,
         version=info["version"],
         mounts=_jail_mounts(exe, folders, modules),
-        build_mounts=_outermost({exe, *folders, *system_mounts()}),
+        build_mounts=build_mounts,
     )
 
 
