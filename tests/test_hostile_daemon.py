@@ -231,9 +231,8 @@ def test_deploy_files_are_read_one_by_one_with_every_json_form_and_every_refusal
     assert "/" in base64.b64encode(source).decode()
     url, params = "/api/v2/apps/deploy", {"workspaceId": daemon.workspace_id}
 
-    def post(body: str | bytes) -> httpx.Response:
-        raw = body.encode() if isinstance(body, str) else body
-        return daemon.call("POST", url, daemon.admin_key, params=params, content=raw)
+    def post(body: str) -> httpx.Response:
+        return daemon.call("POST", url, daemon.admin_key, params=params, content=body.encode())
 
     escaped = post(plain.replace("/", "\\/"))  # "\/" is JSON for "/"
     assert escaped.status_code == 201, escaped.text
