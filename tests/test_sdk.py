@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -137,6 +138,21 @@ def test_rate_limits_raise_with_retry_after_and_opt_in_retries_wait(
     assert caught.value.retry_after is not None and caught.value.retry_after >= 1
     patient = _client(world, api_key=key, retries=3)
     assert patient.run_tool("echo", {"n": 4}).status == "succeeded"
+
+
+def test_one_client_keeps_one_connection_for_all_its_calls(
+    daemon: Daemon, world: dict[str, Any]
+) -> None:
+    # The daemon's access log names each request's peer: one port for every call made
+    # through one client, runs and tool lists alike.
+    with _client(world) as client:
+        for n in range(3):
+            assert client.run_tool("echo", {"n": n}).status == "succeeded"
+            assert client.list_tools()
+    log = (daemon.data_dir / "serve.log").read_text()
+    lines = [x for x in log.splitlines() if "sdk-demo/echo/run" in x or "/apps/tools?" in x]
+    peers = {re.search(r"127\.0\.0\.1:(\d+) - ", x).group(1) for x in lines[-6:]}  # type: ignore[union-attr]
+    assert len(lines) >= 6 and len(peers) == 1, lines[-6:]
 
 
 def test_the_async_client_does_the_same(world: dict[str, Any]) -> None:

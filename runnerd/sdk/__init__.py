@@ -194,32 +194,56 @@ def _unavailable(exc: httpx.HTTPError) -> AppBridgeError:
 
 
 class AppClient(_Base):
-    """Calls the tools of one workspace (and, with ``app``, one app) synchronously."""
+    """Calls the tools of one workspace (and, with ``app``, one app) synchronously.
+
+    The client keeps its connections between calls (a new HTTP client costs ~30 ms, ten
+    times a call): make one and reuse it, from any thread; ``close()`` it when done, or
+    use it as a context manager."""
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str,
+        workspace_id: str,
+        app: str | None = None,
+        *,
+        retries: int = 0,
+        timeout: float = 330.0,
+    ) -> None:
+        super().__init__(url, api_key, workspace_id, app, retries=retries, timeout=timeout)
+        self._http = httpx.Client(base_url=self.url, timeout=self.timeout)
+
+    def __enter__(self) -> AppClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
 
     def run_tool(self, name: str, input: Any, idempotency_key: str | None = None) -> RunResult:
         path, body, headers = self._run_request(name, input, idempotency_key)
         attempt = 0
-        with httpx.Client(base_url=self.url, timeout=self.timeout) as http:
-            while True:
-                try:
-                    response = http.post(
-                        path, json=body, headers=headers, params={"workspaceId": self.workspace_id}
-                    )
-                except httpx.HTTPError as exc:
-                    raise _unavailable(exc) from exc
-                settled = self._settle(response, attempt)
-                if isinstance(settled, RunResult):
-                    return settled
-                time.sleep(settled)
-                attempt += 1
+        while True:
+            try:
+                response = self._http.post(
+                    path, json=body, headers=headers, params={"workspaceId": self.workspace_id}
+                )
+            except httpx.HTTPError as exc:
+                raise _unavailable(exc) from exc
+            settled = self._settle(response, attempt)
+            if isinstance(settled, RunResult):
+                return settled
+            time.sleep(settled)
+            attempt += 1
 
     def list_tools(self) -> list[ToolInfo]:
         try:
-            response = httpx.get(
-                f"{self.url}/api/v2/apps/tools",
+            response = self._http.get(
+                "/api/v2/apps/tools",
                 params={"workspaceId": self.workspace_id},
                 headers={"X-API-Key": self.api_key},
-                timeout=self.timeout,
             )
         except httpx.HTTPError as exc:
             raise _unavailable(exc) from exc
