@@ -397,6 +397,7 @@ class Calls:
                     secrets=await self.secrets_of(install.id),
                     version_id=version_id,
                     egress=install.egress,
+                    install_id=install.id,
                     logs=False,
                 )
             )

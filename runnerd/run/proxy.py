@@ -152,6 +152,7 @@ class EgressPass:
 
     token: str
     grant: tuple[Destination, ...]
+    install_id: str | None = None  # whose grant it is (None: a local ``tool test`` run)
     uid: int | None = None  # the jail's outside uid, set when the run takes its jail
     connections: int = 0
     bytes: int = 0
@@ -242,14 +243,14 @@ class EgressProxy:
                 self.path.unlink()
         self._resolver.shutdown(wait=False, cancel_futures=True)
 
-    def open_run(self, grant: Iterable[str]) -> EgressPass:
-        """A credential for one run, good for ``grant`` until end_run."""
+    def open_run(self, grant: Iterable[str], install_id: str | None = None) -> EgressPass:
+        """A credential for one run of ``install_id``, good for ``grant`` until end_run."""
         destinations = []
         for entry in grant:
             with contextlib.suppress(EgressError):
                 destinations.append(parse(entry))
         token = secrets.token_urlsafe(24)
-        granted = EgressPass(token=token, grant=tuple(destinations))
+        granted = EgressPass(token=token, grant=tuple(destinations), install_id=install_id)
         self._by_token[token] = granted
         return granted
 

@@ -263,6 +263,7 @@ class Runner:
         secrets: Mapping[str, str] | None = None,
         version_id: str | None = None,
         egress: tuple[str, ...] = (),
+        install_id: str | None = None,
         logs: bool = True,
     ) -> RunResult:
         """Check ``value`` (unless ``checked`` is the result of check_input), run the tool
@@ -271,7 +272,7 @@ class Runner:
         Raises InputRejected before the sandbox starts; after that, always a RunResult.
         Without ``logs`` (callers that do not show them) the answer comes as soon as the
         tool has replied. ``egress``: the destinations the run may reach through the proxy
-        (an install's grant); none, no network.
+        (an install's grant, ``install_id``'s); none, no network.
         """
         started = time.monotonic()
         key = tool_key(tool, version_id)
@@ -293,7 +294,7 @@ class Runner:
         grant = None
         if egress and proxy is not None:
             await proxy.ensure_started()
-            grant = proxy.open_run(egress)
+            grant = proxy.open_run(egress, install_id)
         request = (
             b'{"input":' + checked.encoded
             + b',"env":' + msgspec.json.encode(secrets)
