@@ -20,10 +20,11 @@ from typing import Any
 
 import msgspec
 
+from runnerd.access import ROLE_RANK
 from runnerd.config import Settings
 from runnerd.errors import BudgetExhausted, DatabaseUnavailable, RunnerdError
 from runnerd.metrics import METRICS
-from runnerd.run.jail import SandboxUnavailable
+from runnerd.run.jail import JailEnd, SandboxUnavailable
 from runnerd.run.runner import CheckedInput, Runner, RunResult, tool_key
 from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord, new_id
 from runnerd.vault import Vault
@@ -94,7 +95,10 @@ class Interrupted(Exception):
 class RunGate:
     """At most ``concurrent`` runs at once and ``queued`` waiting; past that, calls are
     refused at once (RunQueueFull): never an unbounded pile-up. Once ``closing`` (the
-    daemon is stopping), no new run is admitted (Stopping)."""
+    daemon is stopping), no new run is admitted (Stopping).
+
+    A run holds its slot until its jail is gone, not until its answer: the live jails
+    serving calls are what the bound counts (waiting warm jails serve none)."""
 
     def __init__(self, concurrent: int, queued: int) -> None:
         self._slots = asyncio.Semaphore(concurrent)
@@ -103,8 +107,10 @@ class RunGate:
         self.closing = False
 
     @contextlib.asynccontextmanager
-    async def admit(self, *, must_wait: bool = False) -> AsyncIterator[None]:
-        """A run slot; ``must_wait`` queues even past the bound (an approved run, whose
+    async def admit(self, *, must_wait: bool = False) -> AsyncIterator[JailEnd]:
+        """A run slot, for ``Runner.run(on_end=...)``: the sandbox that takes it gives it
+        back once the run's jail is gone; one no sandbox took is given back when the
+        block ends. ``must_wait`` queues even past the bound (an approved run, whose
         row already exists, is never refused)."""
         if self.closing and not must_wait:
             raise Stopping("runnerd is stopping and admits no new run; try again shortly")
@@ -115,10 +121,12 @@ class RunGate:
             await self._slots.acquire()
         finally:
             self.waiting -= 1
+        slot = JailEnd(self._slots.release)
         try:
-            yield
+            yield slot
         finally:
-            self._slots.release()
+            if not slot.taken:
+                slot()
 
 
 _APPROVAL_STATUS = {"APPROVAL_NOT_FOUND": 404, "NOT_AN_APPROVER": 403}
@@ -326,12 +334,12 @@ class Calls:
     ) -> CallResult:
         """Wait for a run slot (or RunQueueFull), admit the run against the budget (its
         row and reservation), then execute it."""
-        async with self.gate.admit():
+        async with self.gate.admit() as slot:
             run_id = await self._start_run(
                 install, tool, who, surface, version_id, workflow_run_id, key=idempotency_key
             )
             return await self._execute(
-                run_id, install, tool, value, version_id, who.key_id, checked, surface
+                run_id, install, tool, value, version_id, who.key_id, checked, surface, slot
             )
 
     async def _release(self, who: Who, key: str) -> None:
@@ -382,10 +390,11 @@ class Calls:
         key_id: str | None,
         checked: CheckedInput,
         surface: str,
+        slot: JailEnd | None = None,
     ) -> CallResult:
         """Run an admitted run in its jail and end it (row, ledger, audit, budget in one
         transaction); the result stays in memory only. Its row ends even if no jail
-        could start."""
+        could start. ``slot`` (its run slot) goes back when its jail is gone."""
         done: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
         self._running[run_id] = done
         try:
@@ -399,6 +408,7 @@ class Calls:
                     egress=install.egress,
                     install_id=install.id,
                     logs=False,
+                    on_end=slot,
                 )
             )
         except Interrupted:
@@ -428,6 +438,7 @@ class Calls:
             error_kind=None if outcome.status == "succeeded" else outcome.status,
             key_id=key_id,
             egress=outcome.egress,
+            egress_audit=outcome.egress_audit,
         )
         _count_run(install, tool.name, surface, outcome.status, outcome.duration_ms, outcome.egress)
         result = CallResult(
@@ -566,6 +577,21 @@ class Calls:
                     "approval are kept in memory only: make the call again",
                 )
             await self._require_budget(approval.install_id)
+            # The run is the asker's: it runs only while they may still run tools there (a
+            # person demoted or removed while the call waited gets nothing run for them).
+            asker = await self.store.io(
+                self.store.membership, approval.workspace_id, approval.requested_by
+            )
+            if (
+                asker is None
+                or ROLE_RANK[asker.role] < ROLE_RANK["member"]
+                or not asker.apps_access
+            ):
+                raise ApprovalUnavailable(
+                    "ASKER_NO_LONGER_ALLOWED",
+                    "the person who made this call may no longer run tools in this "
+                    "workspace; deny it, or let it expire",
+                )
         decided = await self.store.io(
             self.store.decide_approval,
             approval_id,
@@ -611,7 +637,7 @@ class Calls:
     ) -> None:
         # Nobody awaits this run: its failure to start is recorded on its row, not raised.
         with contextlib.suppress(Exception):
-            async with self.gate.admit(must_wait=True):
+            async with self.gate.admit(must_wait=True) as slot:
                 await self._execute(
                     run_id,
                     install,
@@ -621,6 +647,7 @@ class Calls:
                     held.who.key_id,
                     held.checked,
                     approval.surface,
+                    slot,
                 )
 
     async def expire(self) -> list[str]:

@@ -4,10 +4,12 @@ must still succeed. docs/SECURITY.md has the table of these cases and what stops
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ from conftest import engine_env, make_tool, run_cli, run_tool, tool_doc
 from daemon import Daemon, HealthProbe
 from egress_lab import HTTP_PORT, EgressLab, run_ok
 from runnerd.run.engine import Engine
+from runnerd.run.jail import REPLY_GRACE_S, STOP_GRACE_S
 from runnerd.run.runner import RunResult
 
 ORDINARY = "def run(i):\n    return {'ok': True}\n"
@@ -361,6 +364,153 @@ def run(i):
 """
     result = attack(engine, source, timeout_ms=1000)
     assert result.status == "timed_out"
+
+
+# --- outliving the reply: a jail is stopped right after it, and live jails are what is counted --
+
+# The harness exits right after writing its reply; these tools make that exit a no-op (and
+# every other way out) and leave busy threads behind, then reply at once.
+LINGERING = {
+    ".py": """
+import os, signal, sys, threading
+def spin():
+    while True:
+        pass
+def run(i):
+    os._exit = sys.exit = os.abort = lambda *a: None
+    os.kill = lambda *a: None
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(target=spin).start()
+    threading.Thread(target=spin, daemon=True).start()
+    return {'replied': True}
+""",
+    ".mjs": """
+import { Worker } from 'node:worker_threads'
+export function run() {
+  process.exit = () => {}
+  process.reallyExit = () => {}
+  process.abort = () => {}
+  process.kill = () => true
+  process.on('SIGTERM', () => {})
+  setInterval(() => { const end = Date.now() + 20; while (Date.now() < end) {} }, 1)
+  new Worker('for (;;) {}', { eval: true })
+  return { replied: true }
+}
+""",
+}
+# From the answer until nothing of the jail is left: its grace, SIGTERM's, and slack for
+# a loaded host (before, such a jail lived until its deadline, here 30 s).
+JAIL_GONE_WITHIN_S = REPLY_GRACE_S + STOP_GRACE_S + 1.0
+
+
+def _cgroups_of(uids: range) -> set[Path]:
+    """The cgroup folders (v1 or v2) that hold processes of these uids, from the host."""
+    found = set()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError, ValueError):
+            uid = next(int(x.split()[1]) for x in status.read_text().splitlines()
+                       if x.startswith("Uid:"))  # fmt: skip
+            if uid not in uids:
+                continue
+            for line in (status.parent / "cgroup").read_text().splitlines():
+                _, controllers, path = line.split(":", 2)
+                where = Path("/sys/fs/cgroup", controllers.split(",")[0].removeprefix("name="))
+                if "NSJAIL." in path:
+                    found.add(where / path.lstrip("/") if controllers else
+                              Path("/sys/fs/cgroup/unified", path.lstrip("/")))  # fmt: skip
+    return found
+
+
+@pytest.mark.parametrize("ext", [".py", ".mjs"])
+def test_a_tool_that_disables_exit_and_leaves_busy_threads_is_stopped_right_after_its_reply(
+    engine: Engine, ext: str
+) -> None:
+    tool = make_tool(engine, LINGERING[ext], ext=ext, timeout_ms=30_000)
+
+    async def scenario() -> tuple[RunResult, float, float, set[Path]]:
+        started = time.monotonic()
+        result = await engine.runner.run(tool, {}, logs=False)
+        answered = time.monotonic()
+        # It replied: its end goes on in the background (the jail is still serving).
+        uids = range(0)
+        for jail in list(engine.sandbox._serving):
+            uids = range(jail.uid, jail.uid + 1)
+        cgroups = _cgroups_of(uids)  # read while it lingers (its grace, REPLY_GRACE_S)
+        assert uids, "the jail ended before its answer came back"
+        while _processes_of(uids) and time.monotonic() - answered < 5:
+            await asyncio.sleep(0.01)
+        gone = time.monotonic() - answered
+        await asyncio.sleep(0.3)  # nothing comes back (no process left to restart it)
+        assert _processes_of(uids) == []
+        return result, answered - started, gone, cgroups
+
+    result, waited, gone, cgroups = asyncio.run(scenario())
+    assert (result.status, result.output) == ("succeeded", {"replied": True}), result.error
+    assert waited < 1.0  # the caller has its answer at the reply, not at the jail's end
+    assert gone < JAIL_GONE_WITHIN_S, f"the jail's processes lived {gone:.2f} s past its answer"
+    # Its cgroup is gone too: nothing of it is left to burn CPU.
+    assert cgroups or not engine.cgroups.enabled
+    assert [path for path in cgroups if path.exists()] == []
+
+
+LINGER = "import os, threading, time\ndef run(i):\n    os._exit = lambda code: None\n" \
+    "    threading.Thread(target=time.sleep, args=(60,)).start()\n    return {}\n"  # fmt: skip
+
+
+def _live_jails(daemon_pid: int) -> dict[str, int]:
+    """The daemon's live nsjail processes (its children), by the language they run."""
+    found = {"python": 0, "node": 0}
+    for children in Path(f"/proc/{daemon_pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            for pid in children.read_text().split():
+                with contextlib.suppress(OSError):
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    if Path(argv[0].decode()).name == "nsjail":
+                        found[
+                            "python" if b"/sandbox/harness_py" in b" ".join(argv) else "node"
+                        ] += 1
+    return found
+
+
+@pytest.mark.parametrize("warm", [0, 2])
+def test_quick_calls_never_leave_more_live_jails_than_max_concurrent_runs(
+    toolchain_dir: Path, tmp_path: Path, warm: int
+) -> None:
+    """12 calls at once of a tool that replies at once and would linger 60 s: never more
+    than max_concurrent_runs (2) jails serving calls, plus the waiting warm jails, at most
+    ``warm_jails`` per kind (sampled from the host during the whole burst)."""
+    from conftest import write_app
+    from daemon import concurrently, running_daemon
+
+    settings = {"max_concurrent_runs": "2", "warm_jails": str(warm),
+                "sandbox_uid_base": "646000", "sandbox_uid_count": "64"}  # fmt: skip
+    with running_daemon(toolchain_dir, **settings) as d:
+        app = write_app(tmp_path / "linger", "linger", {"linger": LINGER},
+                        docs={"linger": {"timeoutMs": 20_000}})  # fmt: skip
+        install_id = d.ship(app)["installId"]
+        samples: list[dict[str, int]] = []
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                samples.append(_live_jails(d.proc.pid))
+                time.sleep(0.002)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            responses = concurrently(12, lambda: d.run(install_id, "linger", {}))
+            time.sleep(JAIL_GONE_WITHIN_S)  # the last calls' jails end after their answers
+        finally:
+            done.set()
+            sampler.join()
+        assert [r.json()["status"] for r in responses] == ["succeeded"] * 12
+        most = max(s["python"] for s in samples)
+        assert most <= 2 + warm, f"{most} Python jails alive at once"
+        assert most >= 2  # the burst did fill both slots: the samples saw it
+        # Node's waiting jails (javascript, typescript kinds) are only ever waiting ones.
+        assert max(s["node"] for s in samples) <= 2 * warm
+        assert samples[-1]["python"] == warm  # after the burst, only the waiting ones
 
 
 def test_kill_minus_one_and_other_pids(engine: Engine) -> None:

@@ -1,13 +1,33 @@
-"""The jail's outside uids: one per live jail, host-wide."""
+"""The jail's outside uids (one per live jail, host-wide), and a call's jail end."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import os
+import signal
+import subprocess
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from conftest import make_tool
 from runnerd.config import load_settings
-from runnerd.run.jail import SandboxUnavailable, UidPool
+from runnerd.run.engine import Engine
+from runnerd.run.jail import (
+    LEFTOVER_WAIT_S,
+    REPLY_GRACE_S,
+    STOP_GRACE_S,
+    JailEnd,
+    Job,
+    Sandbox,
+    SandboxUnavailable,
+    UidPool,
+    kill_leftovers,
+)
 
 
 def test_two_pools_over_one_host_folder_never_hand_out_the_same_uid(tmp_path: Path) -> None:
@@ -30,3 +50,115 @@ def test_the_uid_locks_live_outside_every_data_dir(tmp_path: Path) -> None:
     settings = load_settings(env={}, flags={"data_dir": tmp_path / "data"})
     assert settings.uid_lock_dir == Path("/run/runnerd/uids")
     assert not settings.uid_lock_dir.is_relative_to(settings.data_dir)
+
+
+LINGER = (
+    "import os, threading, time\ndef run(i):\n    os._exit = lambda code: None\n"
+    "    threading.Thread(target=time.sleep, args=(60,)).start()\n    return {}\n"
+)
+
+
+@pytest.mark.jail
+def test_a_calls_jail_end_comes_once_its_jail_is_reaped_not_at_its_answer(engine: Engine) -> None:
+    """What the run slots count: ``on_end`` is called once, after the answer, when the
+    jail (here one that would linger 60 s past its reply) has been stopped and reaped."""
+    seen: list[tuple[float, bool]] = []
+
+    async def scenario() -> tuple[float, float]:
+        serving: list[Any] = []
+        end = JailEnd(lambda: seen.append((time.monotonic(), all(not j.alive for j in serving))))
+        started = time.monotonic()
+        result = await engine.runner.run(make_tool(engine, LINGER), {}, logs=False, on_end=end)
+        answered = time.monotonic()
+        assert result.status == "succeeded", result.error
+        serving.extend(engine.sandbox._serving)
+        assert end.taken and seen == []  # the jail is in its grace: the slot is still held
+        while not seen and time.monotonic() - answered < 5:
+            await asyncio.sleep(0.01)
+        end()  # a second call does nothing
+        return answered - started, answered
+
+    waited, answered = asyncio.run(scenario())
+    assert waited < 1.0
+    assert len(seen) == 1
+    ended, all_reaped = seen[0]
+    assert all_reaped
+    assert REPLY_GRACE_S <= ended - answered + 0.05 < REPLY_GRACE_S + STOP_GRACE_S + 1.0
+
+
+@pytest.mark.jail
+def test_a_jail_whose_nsjail_must_be_killed_ends_with_nothing_of_it_running(
+    engine: Engine,
+) -> None:
+    """nsjail stopped (SIGSTOP: it cannot act on SIGTERM) is killed STOP_GRACE_S later;
+    its jail's processes die with it, and the call's end comes once none of them runs."""
+    seen: list[list[str]] = []
+
+    async def scenario() -> None:
+        uid: list[int] = []
+        end = JailEnd(lambda: seen.append(_pids_of(uid[0])))
+        result = await engine.runner.run(make_tool(engine, LINGER), {}, logs=False, on_end=end)
+        assert result.status == "succeeded", result.error
+        [jail] = engine.sandbox._serving
+        uid.append(jail.uid)
+        os.kill(jail.proc._popen.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + REPLY_GRACE_S + STOP_GRACE_S + LEFTOVER_WAIT_S + 1
+        while not seen and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    assert seen == [[]]
+
+
+@pytest.mark.jail
+def test_a_calls_jail_end_comes_at_once_when_no_jail_can_start(engine: Engine) -> None:
+    no_python = Sandbox(
+        nsjail=engine.sandbox.nsjail,
+        runtimes=dataclasses.replace(engine.runtimes, python=None),
+        cgroups=engine.cgroups,
+        uids=engine.sandbox.uids,
+        limits=engine.sandbox.limits,
+    )
+    ended: list[bool] = []
+    end = JailEnd(lambda: ended.append(True))
+    job = Job(language="python", timeout_ms=1000, request=b"{}")
+    with pytest.raises(SandboxUnavailable):
+        asyncio.run(no_python.run(job, logs=False, on_end=end))
+    assert ended == [True]
+
+
+def test_what_is_left_of_a_killed_jails_uid_is_killed_and_waited_for() -> None:
+    """After nsjail itself had to be killed, every process of the jail's own uid goes,
+    one that ignores SIGTERM and one in a session of its own too; no other uid's."""
+    uid = 647_001  # nothing else on the host runs as it (the tests' jail ranges are apart)
+    script = "trap '' TERM; setsid sleep 60 & sleep 60"
+    jailed = subprocess.Popen(["sh", "-c", script], user=uid, group=uid, start_new_session=True)
+    bystander = subprocess.Popen(["sleep", "60"])
+    threading.Thread(target=jailed.wait, daemon=True).start()  # its parent reaps it, as nsjail's
+    try:
+        deadline = time.monotonic() + 5
+        while len(_pids_of(uid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(_pids_of(uid)) == 3
+        started = time.monotonic()
+        assert kill_leftovers(uid, 2.0) == []
+        assert time.monotonic() - started < 1.0
+        assert _pids_of(uid) == [] and bystander.poll() is None
+    finally:
+        jailed.kill()
+        bystander.kill()
+        bystander.wait()
+
+
+def _pids_of(uid: int) -> list[str]:
+    """The processes of ``uid`` still running (zombies are dead, reaped by their parent)."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            lines = status.read_text().splitlines()
+        except OSError:
+            continue
+        dead = any(x.startswith("State:") and x.split()[1] in ("Z", "X") for x in lines)
+        if not dead and any(x.startswith("Uid:") and int(x.split()[1]) == uid for x in lines):
+            found.append(status.parent.name)
+    return found

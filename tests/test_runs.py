@@ -314,6 +314,25 @@ def test_the_answer_comes_with_the_reply_not_with_the_jails_end(
     assert waited < 1.0
 
 
+def test_with_logs_a_tool_that_lingers_after_its_reply_is_answered_and_stopped(
+    engine: Engine,
+) -> None:
+    """``tool test`` shows logs, which end with the jail: a tool that replies and then
+    keeps its jail alive (no exit, a thread sleeping 60 s) is stopped REPLY_GRACE_S after
+    its reply, not at its deadline (before, it waited 10 s and was timed_out)."""
+    source = (
+        "import os, threading, time\ndef run(i):\n    print('before the reply')\n"
+        "    os._exit = lambda code: None\n"
+        "    threading.Thread(target=time.sleep, args=(60,)).start()\n    return {'n': 1}\n"
+    )
+    started = time.monotonic()
+    result = run_tool(engine, make_tool(engine, source, timeout_ms=10_000))
+    waited = time.monotonic() - started
+    assert (result.status, result.output) == ("succeeded", {"n": 1}), result.error
+    assert "before the reply" in result.logs
+    assert waited < 2.0
+
+
 def test_a_tool_writing_to_the_result_channel_gets_no_result(engine: Engine) -> None:
     source = "import os, sys\ndef run(i):\n    os.write(int(sys.argv[1]), b'{}')\n    return {}\n"
     tool = make_tool(engine, source)

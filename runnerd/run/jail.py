@@ -18,7 +18,11 @@ on stdin with its interpreter loaded. Every jail still serves exactly one call a
 gone after it. A call's deadline counts from the moment it takes its jail (or starts
 one, when none is waiting: "including starting the sandbox"); at the deadline nsjail is
 told to stop (it kills the jail's whole pid namespace, double-forked daemons included)
-and is killed if it has not within 0.5 s.
+and is killed if it has not within 0.5 s. A jail that has replied is stopped the same way
+REPLY_GRACE_S after its reply unless it has exited by then (the harness exits right after
+writing, but a tool can disable every way out and leave threads running): no jail outlives
+its answer by more than that, and a call's ``on_end`` (its run slot) comes back only once
+its jail is reaped, so the run slots count live jails, not unanswered calls.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ if TYPE_CHECKING:
     from runnerd.config import Settings
 
 __all__ = [
+    "JailEnd",
     "JailKind",
     "Job",
     "Limits",
@@ -65,6 +70,7 @@ __all__ = [
     "SandboxUnavailable",
     "UidPool",
     "find_nsjail",
+    "kill_leftovers",
     "reachable_harnesses",
 ]
 
@@ -72,6 +78,10 @@ INSIDE_ID = 1000  # the uid/gid a tool sees; mapped to the run's own outside id
 EGRESS_SOCKET = "/run/egress.sock"  # where an egress jail sees the proxy's socket
 PY_HARNESS_PYC = "harness_py.pyc"  # the Python harness, compiled by the jails' interpreter
 STOP_GRACE_S = 0.5  # after SIGTERM, how long nsjail gets to clean up before SIGKILL
+LEFTOVER_WAIT_S = 2.0  # after nsjail's SIGKILL, how long its jail's processes are waited for
+# After its reply, how long a jail gets to exit by itself before it is stopped: the harness
+# exits right after writing (p99 12 ms for Python, 30 ms for Node on a loaded 2-core host).
+REPLY_GRACE_S = 0.1
 MAX_TIMEOUT_S = MAX_TIMEOUT_MS // 1000  # a waiting jail may get any tool, the slowest too
 WARM_MAX_IDLE_S = 120  # a waiting jail older than this is replaced, not used
 WARM_MAX_KINDS = 16  # kinds (language + package env) that keep waiting jails at once
@@ -156,6 +166,23 @@ class Outcome:
     timed_out: bool
     exit_code: int | None  # nsjail's exit status (the tool's, or 128+signal)
     jail_log: str  # nsjail's own warnings and errors
+
+
+class JailEnd:
+    """What a call holds until its jail is gone (its run slot): ``release`` is called once.
+
+    ``Sandbox.run`` takes it (``taken``) before anything else, and from then on calls it
+    exactly once: when the call's jail is reaped, at once when no jail started, on every
+    error path. Until a sandbox has taken it, its owner releases it itself."""
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release: Callable[[], None] | None = release
+        self.taken = False
+
+    def __call__(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
 
 class UidPool:
@@ -708,7 +735,7 @@ class Sandbox:
 
     async def _discard(self, jail: _Jail) -> None:
         if jail.alive:
-            await self._stop(jail.proc)
+            await self._stop(jail.proc, jail.uid)
         jail.uid_lock.close()
 
     async def warm_up(self, kinds: list[JailKind]) -> None:
@@ -736,52 +763,67 @@ class Sandbox:
                 await self._discard(ready.popleft())
         for jail in list(self._serving):
             if jail.alive:
-                await self._stop(jail.proc)
+                await self._stop(jail.proc, jail.uid)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=MAX_TIMEOUT_S + 5)
         if self.proxy is not None:
             await self.proxy.close()
 
-    async def run(self, job: Job, *, logs: bool = True, refill: bool = True) -> Outcome:
+    async def run(
+        self, job: Job, *, logs: bool = True, refill: bool = True, on_end: JailEnd | None = None
+    ) -> Outcome:
         """Run ``job`` in a fresh jail and report what happened; never raises for what the
-        tool does (crash, flood, hang); raises SandboxUnavailable if no jail can start.
+        tool does (crash, flood, hang, lingering after its reply); raises
+        SandboxUnavailable if no jail can start.
 
-        Without ``logs``, the answer comes as soon as the reply is complete; the jail's
-        end (its exit, or its stop at the deadline, and the return of its uid) goes on
-        in the background. With ``logs``, it waits for the exit, which closes them.
+        A jail never outlives its reply by more than REPLY_GRACE_S (then it is stopped:
+        SIGTERM, and SIGKILL STOP_GRACE_S later), nor its deadline. Without ``logs``, the
+        answer comes as soon as the reply is complete, and the jail's end (that grace, its
+        stop, the return of its uid) goes on in the background; with ``logs``, the answer
+        waits for it, since the jail's end closes them. ``on_end`` is taken at once and
+        called exactly once, when the jail is gone (reaped), or at once if none started:
+        what counts live jails (the run slots) holds a call until then.
         Without ``refill``, the caller starts the next waiting jail (``refill``) once it
         has answered its own caller: a jail's fork would delay that answer.
         """
+        if on_end is not None:
+            on_end.taken = True
         started = time.monotonic()
         deadline = started + job.timeout_ms / 1000
         kind = job.kind
-        jail = self._take(kind)
-        if jail is None:
-            jail = await self._start(kind, math.ceil(job.timeout_ms / 1000))
+        try:
+            jail = self._take(kind)
+            if jail is None:
+                jail = await self._start(kind, math.ceil(job.timeout_ms / 1000))
+        except BaseException:
+            if on_end is not None:
+                on_end()
+            raise
         jail.logs.cap = self.limits.log_bytes + job.log_slack  # nothing is read before the request
         self._serving.add(jail)
-        if job.egress is not None and self.proxy is not None:
-            self.proxy.bind(job.egress, jail.uid)  # only this jail may use the credential
         handed_over = False
         try:
+            if job.egress is not None and self.proxy is not None:
+                self.proxy.bind(job.egress, jail.uid)  # only this jail may use the credential
             proc = jail.proc
             jail.stdin.write(job.request)
             jail.stdin.close()
-            exited = asyncio.ensure_future(proc.wait())
-            awaited: set[asyncio.Future[Any]] = {exited} if logs else {exited, jail.result.done}
+            exited: asyncio.Future[Any] = asyncio.ensure_future(proc.wait())
             done, _ = await asyncio.wait(
-                awaited,
+                {exited, jail.result.done},
                 timeout=max(0.0, deadline - time.monotonic()),
                 return_when=asyncio.FIRST_COMPLETED,
             )
             timed_out = not done
             if timed_out:
-                await self._stop(proc)
+                await self._stop(proc, jail.uid)
             duration_ms = round((time.monotonic() - started) * 1000)
-            if proc.returncode is None:
+            if proc.returncode is None and not logs:
                 handed_over = True  # replied; the jail's end goes on in the background
-                self._spawn_task(self._finish(jail, deadline))
+                self._spawn_task(self._finish(jail, REPLY_GRACE_S, on_end))
             else:
+                if proc.returncode is None:  # replied: its logs end with the jail
+                    await self._end(proc, jail.uid, REPLY_GRACE_S)
                 # The jail is gone, so every pipe reaches its end at once.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
@@ -801,28 +843,42 @@ class Sandbox:
         finally:
             if not handed_over:
                 if jail.alive:  # cancelled mid-run (the daemon stops): stop it, then its uid
-                    self._spawn_task(self._finish(jail, time.monotonic()))
+                    self._spawn_task(self._finish(jail, 0.0, on_end))
                 else:
-                    jail.uid_lock.close()
-                    self._serving.discard(jail)
+                    self._ended(jail, on_end)
             # Start the next waiting jail only now: its fork would delay this call's request.
             if refill:
                 self.refill(kind)
 
-    async def _finish(self, jail: _Jail, deadline: float) -> None:
-        """A jail that has replied still ends by its deadline; its uid comes back after."""
+    async def _finish(self, jail: _Jail, grace_s: float, on_end: JailEnd | None) -> None:
+        """End a jail that has replied (``grace_s`` to exit by itself) or whose call has
+        gone (none); its uid and its call's ``on_end`` come back once it is reaped."""
         try:
-            await asyncio.wait_for(jail.proc.wait(), timeout=max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            await self._stop(jail.proc)
+            await self._end(jail.proc, jail.uid, grace_s)
         finally:
-            jail.uid_lock.close()
-            self._serving.discard(jail)
+            self._ended(jail, on_end)
 
-    async def _stop(self, proc: _Process) -> None:
+    async def _end(self, proc: _Process, uid: int, grace_s: float) -> None:
+        """``grace_s`` for the jail to exit by itself, then it is stopped."""
+        if grace_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), timeout=grace_s)
+        if proc.returncode is None:
+            await self._stop(proc, uid)
+
+    def _ended(self, jail: _Jail, on_end: JailEnd | None) -> None:
+        """The jail is reaped: its uid goes back, and its call's slot."""
+        jail.uid_lock.close()
+        self._serving.discard(jail)
+        if on_end is not None:
+            on_end()
+
+    async def _stop(self, proc: _Process, uid: int) -> None:
         """Stop a jail: SIGTERM lets nsjail kill the pid namespace and remove its
         cgroup; SIGKILL if it has not within STOP_GRACE_S (the jail's init then dies
-        with it, taking every process of the namespace along)."""
+        with it, taking every process of the namespace along, but the kernel may take a
+        while: what is left of the jail's own ``uid`` is killed and waited for, so the
+        uid and the call's slot come back only once nothing of the jail runs)."""
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
         try:
@@ -831,6 +887,50 @@ class Sandbox:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+            await asyncio.to_thread(kill_leftovers, uid, LEFTOVER_WAIT_S)
+
+
+def _processes_of(uid: int, pids: list[str] | None = None) -> list[str]:
+    """Those of ``pids`` (all, from the host's /proc, by default) whose real uid is ``uid``
+    and that still run: a zombie is dead, its parent (the host's init, once nsjail is gone)
+    reaps it, and it holds no memory, no CPU and no file."""
+    found = []
+    for pid in pids if pids is not None else os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        with (
+            contextlib.suppress(OSError, ValueError, IndexError),
+            open(f"/proc/{pid}/status", "rb") as status,
+        ):
+            for line in status:
+                if line.startswith(b"State:") and line.split()[1] in (b"Z", b"X"):
+                    break
+                if line.startswith(b"Uid:"):
+                    if int(line.split()[1]) == uid:
+                        found.append(pid)
+                    break
+    return found
+
+
+def kill_leftovers(uid: int, within_s: float) -> list[str]:
+    """SIGKILL every process of ``uid`` (a jail's own outside uid, leased to it alone: no
+    other process runs as it) until none is left running, for at most ``within_s``; the
+    pids still there then. Each is signalled through a pidfd opened before its uid is checked,
+    so a pid reused meanwhile is never hit."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = _processes_of(uid)
+        if not left or time.monotonic() >= deadline:
+            return left
+        for pid in left:
+            with contextlib.suppress(OSError):
+                pidfd = os.pidfd_open(int(pid))
+                try:
+                    if _processes_of(uid, [pid]):
+                        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                finally:
+                    os.close(pidfd)
+        time.sleep(0.01)
 
 
 def _tmp_mount(tmp_mb: int) -> str:

@@ -28,7 +28,8 @@ from runnerd.constants import MAX_ERROR_CHARS, MAX_INPUT_BYTES, MAX_JSON_DEPTH, 
 from runnerd.deferred import after_answer
 from runnerd.errors import RunnerdError
 from runnerd.run.envs import EnvManager
-from runnerd.run.jail import EGRESS_SOCKET, Job, Outcome, Sandbox
+from runnerd.run.jail import EGRESS_SOCKET, JailEnd, Job, Outcome, Sandbox
+from runnerd.run.proxy import MAX_DESTINATION_CHARS
 from runnerd.run.scrub import Scrubber
 
 __all__ = [
@@ -97,8 +98,10 @@ class RunResult(msgspec.Struct, omit_defaults=True):
     duration_ms: int  # what the caller waited for the run: checks, jail and tool
     logs: str = ""  # stdout+stderr, scrubbed; for builders, never stored
     logs_truncated: bool = False
-    # What the run reached through the egress proxy (EgressPass.figures), if it had a grant.
+    # What the run reached through the egress proxy (EgressPass.figures), if it had a grant,
+    # scrubbed of secrets; and what its audit entry keeps of it (EgressPass.summary).
     egress: list[dict[str, Any]] | None = None
+    egress_audit: dict[str, Any] | None = None
 
 
 class CheckedInput(msgspec.Struct, frozen=True):
@@ -172,6 +175,26 @@ def _capped(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}… [{len(text) - limit:,} more characters cut]"
+
+
+def _scrubbed_figures(figures: list[dict[str, Any]], scrub: Scrubber) -> list[dict[str, Any]]:
+    """A run's egress figures as they may be stored and shown: each destination (the
+    tool's choice, even a reached one under a wildcard entry) scrubbed of secrets, then
+    cut to MAX_DESTINATION_CHARS; destinations that become one are summed."""
+    found: dict[str, dict[str, Any]] = {}
+    for figure in figures:
+        name = scrub.scrub(str(figure["destination"]))[:MAX_DESTINATION_CHARS]
+        entry = found.setdefault(
+            name, {"destination": name, "connections": 0, "bytesSent": 0, "bytesReceived": 0}
+        )
+        for count in ("connections", "bytesSent", "bytesReceived"):
+            entry[count] += int(figure[count])
+        if figure.get("refused"):
+            entry["refused"] = figure["refused"]
+    for entry in found.values():
+        if entry["connections"]:
+            entry.pop("refused", None)  # reached: a refusal is only shown for a place never reached
+    return list(found.values())
 
 
 def _too_deep(what: str) -> str:
@@ -265,6 +288,7 @@ class Runner:
         egress: tuple[str, ...] = (),
         install_id: str | None = None,
         logs: bool = True,
+        on_end: JailEnd | None = None,
     ) -> RunResult:
         """Check ``value`` (unless ``checked`` is the result of check_input), run the tool
         once in a fresh jail, check what it returned.
@@ -272,7 +296,8 @@ class Runner:
         Raises InputRejected before the sandbox starts; after that, always a RunResult.
         Without ``logs`` (callers that do not show them) the answer comes as soon as the
         tool has replied. ``egress``: the destinations the run may reach through the proxy
-        (an install's grant, ``install_id``'s); none, no network.
+        (an install's grant, ``install_id``'s); none, no network. ``on_end``: called
+        once the run's jail is gone (Sandbox.run); not taken if the run fails before it.
         """
         started = time.monotonic()
         key = tool_key(tool, version_id)
@@ -315,7 +340,7 @@ class Runner:
             log_slack=scrub.longest,
         )
         try:
-            outcome = await self.sandbox.run(job, logs=logs, refill=False)
+            outcome = await self.sandbox.run(job, logs=logs, refill=False, on_end=on_end)
             size = len(outcome.result or b"") + len(outcome.logs)
             result = await self.checker.run(
                 lambda: self._judge(tool, key, outcome, scrub),
@@ -335,7 +360,9 @@ class Runner:
             figures = proxy.end_run(grant) if proxy is not None and grant is not None else None
             # After the answer is sent: the next jail's fork would delay it.
             after_answer(functools.partial(self.sandbox.refill, job.kind))
-        result.egress = figures
+        if grant is not None and figures is not None:
+            result.egress = _scrubbed_figures(figures, scrub)
+            result.egress_audit = grant.summary()
         result.duration_ms = metered_ms(time.monotonic() - started + checked_before)
         return result
 
