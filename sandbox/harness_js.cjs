@@ -99,7 +99,8 @@ async function egress({ socket, token }) {
   function connect(opts, callback) {
     const https = opts.protocol === 'https:';
     const port = opts.port || (https ? 443 : 80);
-    const host = net.isIPv6(opts.hostname) ? `[${opts.hostname}]` : opts.hostname;
+    const bare = String(opts.hostname).replace(/^\[(.*)\]$/, '$1'); // an IPv6 URL's host has brackets
+    const host = net.isIPv6(bare) ? `[${bare}]` : bare;
     const raw = net.connect(socket);
     let settled = false;
     const fail = (err) => {
@@ -139,9 +140,15 @@ async function egress({ socket, token }) {
           ca = [...tls.rootCertificates, readFileSync(extra, 'utf8')];
         } catch {}
       }
+      // The certificate is checked against the destination the tunnel names, whatever
+      // undici passes as servername: a name is sent as SNI and checked against the
+      // certificate's names; an IP address (SNI cannot carry one) against its IP SANs.
+      const destination = bare;
       const secure = tls.connect({
         socket: raw,
-        servername: opts.servername || (net.isIP(opts.hostname) ? undefined : opts.hostname),
+        host: destination,
+        servername: net.isIP(destination) ? undefined : destination,
+        checkServerIdentity: (_, cert) => tls.checkServerIdentity(destination, cert),
         ALPNProtocols: ['http/1.1'],
         ca,
       });

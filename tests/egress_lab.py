@@ -5,17 +5,23 @@ No traffic goes anywhere else.
 Names resolve through a hosts file of the lab's: a daemon or ``tool test`` started with
 ``lab.wrap(argv)`` runs in a mount namespace of its own where that file is /etc/hosts, so
 a granted name can point at the lab, at loopback, at cloud metadata or at a private
-address, as a hostile DNS answer would.
+address, as a hostile DNS answer would. ``lab.wrap(argv, dns=True)`` also makes the
+lab's gateway address its /etc/resolv.conf's only name server: a test runs a LabDns
+there (names the hosts file does not have are asked of it).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +36,9 @@ from daemon import Daemon
 
 SERVER = Path(__file__).with_name("egress_server.py")
 HTTP_PORT, HTTPS_PORT = 8080, 8443
+# HTTPS whose certificate (of the same test CA) is only for localhost and elsewhere.test:
+# neither a lab address nor api.test, so a client connecting there must refuse it.
+WRONG_CERT_PORT = 8444
 
 
 @dataclass
@@ -42,10 +51,14 @@ class EgressLab:
     ca_pem: str  # the test CA: tools are given it to trust the HTTPS server
     hosts_file: Path
     log: Path
+    resolv_file: Path  # "nameserver host_ip": what wrap(dns=True) binds over resolv.conf
 
-    def wrap(self, argv: list[str]) -> list[str]:
-        """``argv`` in a mount namespace where the lab's hosts file is /etc/hosts."""
+    def wrap(self, argv: list[str], dns: bool = False) -> list[str]:
+        """``argv`` in a mount namespace where the lab's hosts file is /etc/hosts (and with
+        ``dns``, where the lab's gateway is the name server: see LabDns)."""
         script = 'mount --bind "$0" /etc/hosts && exec "$@"'
+        if dns:
+            script = f'mount --bind "{self.resolv_file}" /etc/resolv.conf && {script}'
         return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
                 str(self.hosts_file), *argv]  # fmt: skip
 
@@ -65,6 +78,15 @@ class EgressLab:
         return len([line for line in out.splitlines() if line.strip()])
 
 
+def _nat64(ipv4: str) -> str:
+    """``ipv4`` in the NAT64 well-known prefix, 64:ff9b::/96."""
+    return str(
+        ipaddress.IPv6Address(
+            int(ipaddress.IPv6Address("64:ff9b::")) | int(ipaddress.IPv4Address(ipv4))
+        )
+    )
+
+
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True)
 
@@ -79,13 +101,23 @@ def egress_lab() -> Iterator[EgressLab]:
     ca.issue_cert(
         "api.test", "other.test", f"{net}.2"
     ).private_key_and_cert_chain_pem.write_to_path(str(folder / "server.pem"))
+    ca.issue_cert("localhost", "elsewhere.test").private_key_and_cert_chain_pem.write_to_path(
+        str(folder / "wrong.pem")
+    )
     hosts = folder / "hosts"
     hosts.write_text(
         "127.0.0.1 localhost\n"
         f"{net}.2 api.test\n{net}.3 other.test\n{net}.1 gateway.test\n"
         "127.0.0.1 loop.test\n169.254.169.254 metadata.test\n10.1.2.3 private.test\n"
+        # IPv6 forms that carry an IPv4 address (a translator would reach that address).
+        "64:ff9b::7f00:1 nat64-loop.test\n64:ff9b::a9fe:a9fe nat64-metadata.test\n"
+        f"{_nat64(f'{net}.1')} nat64-gateway.test\n::7f00:1 compat-loop.test\n"
+        "::ffff:0:a01:203 translated-private.test\n2002:7f00:1::1 sixtofour-loop.test\n"
     )
     hosts.chmod(0o644)
+    resolv = folder / "resolv.conf"
+    resolv.write_text(f"nameserver {net}.1\n")
+    resolv.chmod(0o644)
     subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
     _ip("netns", "add", namespace)
     server = None
@@ -102,7 +134,7 @@ def egress_lab() -> Iterator[EgressLab]:
         server = subprocess.Popen(
             ["ip", "netns", "exec", namespace, sys.executable, str(SERVER), str(log),
              str(HTTP_PORT), str(HTTPS_PORT), str(folder / "server.pem"),
-             str(folder / "server.pem")],
+             str(folder / "server.pem"), str(WRONG_CERT_PORT), str(folder / "wrong.pem")],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
@@ -116,6 +148,7 @@ def egress_lab() -> Iterator[EgressLab]:
             ca_pem=ca.cert_pem.bytes().decode(),
             hosts_file=hosts,
             log=log,
+            resolv_file=resolv,
         )
     finally:
         if server is not None:
@@ -124,6 +157,58 @@ def egress_lab() -> Iterator[EgressLab]:
         subprocess.run(["ip", "link", "del", outer], capture_output=True)
         subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+class LabDns:
+    """A DNS server of the test's on the lab's gateway address (UDP port 53): it answers
+    an A query for a name in ``answers`` with its address, says nothing at all to a name
+    ending in ``silent`` (a name server that never answers), and NXDOMAIN to any other
+    name (an AAAA query for a known name gets no address). ``asked`` lists every name
+    it was asked, in order."""
+
+    def __init__(self, address: str, answers: dict[str, str], silent: str) -> None:
+        self.answers, self.silent = answers, silent
+        self.asked: list[str] = []
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((address, 53))
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                query, peer = self._sock.recvfrom(2048)
+            except OSError:
+                return
+            answer = self._answer(query)
+            if answer is not None:
+                self._sock.sendto(answer, peer)
+
+    def _answer(self, query: bytes) -> bytes | None:
+        labels, at = [], 12
+        while at < len(query) and query[at]:
+            labels.append(query[at + 1 : at + 1 + query[at]].decode("ascii", "replace"))
+            at += 1 + query[at]
+        if len(query) < at + 5:
+            return None
+        name = ".".join(labels).lower()
+        qtype = struct.unpack("!H", query[at + 1 : at + 3])[0]
+        question = query[12 : at + 5]
+        self.asked.append(name)
+        if name.endswith(self.silent):
+            return None
+        found = self.answers.get(name)
+        flags = 0x8180 if found is not None else 0x8183  # a response; NXDOMAIN if unknown
+        records = b""
+        if found is not None and qtype == 1:
+            records = struct.pack("!HHHIH", 0xC00C, 1, 1, 5, 4) + socket.inet_aton(found)
+        head = struct.pack("!HHHHHH", struct.unpack("!H", query[:2])[0], flags, 1,
+                           1 if records else 0, 0, 0)  # fmt: skip
+        return head + question + records
 
 
 # --- the tools the egress tests run -------------------------------------------------------
@@ -302,7 +387,7 @@ def caller_grant(daemon: Daemon) -> list[str]:
         "metadata.test",
         "private.test",
         f"gateway.test:{HTTP_PORT}",
-        f"127.0.0.1:{daemon.port}",
+        f"loop.test:{daemon.port}",  # a literal 127.0.0.1 grant is refused at upload
     ]
 
 

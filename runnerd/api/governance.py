@@ -293,8 +293,30 @@ async def deny(request: Request, state: AppState) -> Response:
 def _run_info(r: RunRow) -> RunInfo:
     info = wire_view(RunInfo, r, id="run_id")
     if r.egress is not None:
-        info.egress = msgspec.convert(r.egress, list[EgressUse])
+        info.egress = [_egress_use(figure) for figure in r.egress]
     return info
+
+
+def _egress_use(figure: Any) -> EgressUse:
+    """One stored egress figure for the wire. A figure this runnerd cannot show as it is
+    (a refusal reason it does not name, a key it does not know) still shows, without the
+    part it cannot: a history is never a 500."""
+    try:
+        return msgspec.convert(figure, EgressUse)
+    except msgspec.ValidationError:
+        pass
+    known: dict[str, Any] = figure if isinstance(figure, dict) else {}
+
+    def count(key: str) -> int:
+        value = known.get(key)
+        return value if isinstance(value, int) and value >= 0 else 0
+
+    return EgressUse(
+        destination=str(known.get("destination", "?"))[:300],
+        connections=count("connections"),
+        bytes_sent=count("bytesSent"),
+        bytes_received=count("bytesReceived"),
+    )
 
 
 async def get_run(request: Request, state: AppState) -> Response:

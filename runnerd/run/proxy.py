@@ -33,13 +33,26 @@ import os
 import secrets
 import socket
 import struct
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runnerd.egress import Destination, EgressError, covers, parse
+from runnerd.run.authority import (
+    ALERT_DECODE_ERROR,
+    AUTHORITY_MISMATCH,
+    AuthorityRefused,
+    Request,
+    check_request,
+    check_server_name,
+    forward_body,
+    is_token_start,
+    read_client_hello,
+    read_head,
+    tls_alert,
+)
+from runnerd.run.resolver import LookupFailed, Resolver
 
 log = logging.getLogger("runnerd.egress")
 
@@ -56,20 +69,35 @@ __all__ = [
 NOT_GRANTED, PRIVATE_ADDRESS, CAP_REACHED = "not granted", "private address", "cap reached"
 HEAD_LIMIT = 16 * 1024  # a request line and headers; more is not a proxy request
 HEAD_TIMEOUT_S = 10.0  # to send them, once connected
-RESOLVE_TIMEOUT_S = 5.0
-RESOLVER_THREADS = 4
 ACCEPT_BACKLOG = 8
 CHUNK = 64 * 1024
 MAX_FIGURES = 32  # destinations recorded per run; the rest are summed under "other"
+GRANT_RECHECK_S = 1.0  # open connections are checked against their install's grant so often
+MAX_DESTINATION_CHARS = 300  # a destination is at most 260 characters and a port (egress.parse)
+# Why a request was refused, as the audit counts them (any other reason counts as "other").
+_REASONS = (NOT_GRANTED, PRIVATE_ADDRESS, CAP_REACHED, "bad request", "no credential",
+            "no such host", "lookups busy", "cannot connect", AUTHORITY_MISMATCH,
+            "grant unknown")  # fmt: skip
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
-_HOP_HEADERS = {b"proxy-authorization", b"proxy-connection", b"connection", b"keep-alive"}
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215: a local translator's
+_V6_OWN = (ipaddress.IPv6Address("::"), ipaddress.IPv6Address("::1"))  # not IPv4-compatible
+# IPv6 ranges whose last 32 bits are an IPv4 address (RFC 6052, RFC 4291, RFC 2765).
+_V4_FORMS = [
+    (ipaddress.IPv6Network("::ffff:0:0/96"), "an IPv4-mapped address"),
+    (ipaddress.IPv6Network("::/96"), "an IPv4-compatible address"),  # deprecated, RFC 4291
+    (ipaddress.IPv6Network("::ffff:0:0:0/96"), "an IPv4-translated address"),  # RFC 2765
+]
+_LOW_32 = [(ipaddress.IPv6Network("64:ff9b::/96"), "a NAT64 address"), *_V4_FORMS]
 _Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+# An install's grant as stored now, by install id (None: the install is gone).
+GrantReader = Callable[[str], Awaitable[tuple[str, ...] | None]]
 # Never opened by egress_allow_networks: the host itself, cloud metadata, broadcast.
 _NEVER = [
     ipaddress.ip_network(n)
     for n in ("127.0.0.0/8", "::1/128", "0.0.0.0/8", "::/128", "169.254.0.0/16", "fe80::/10",
-              "224.0.0.0/4", "ff00::/8", "255.255.255.255/32", "::ffff:0:0/96")
+              "224.0.0.0/4", "ff00::/8", "255.255.255.255/32", "::ffff:0:0/96",
+              "::/96", "::ffff:0:0:0/96")
 ]  # fmt: skip
 
 
@@ -87,30 +115,84 @@ def parse_networks(entries: Iterable[str]) -> tuple[_Network, ...]:
             if network.version == never.version and network.overlaps(never):
                 raise ValueError(
                     f"{entry!r} overlaps {never}, which egress never reaches (this host, "
-                    "link-local and cloud metadata, multicast, IPv4-mapped)"
+                    "link-local and cloud metadata, multicast, IPv4-mapped, -compatible "
+                    "and -translated)"
                 )
         found.append(network)
     return tuple(found)
 
 
 def address_refusal(address: _Address, allowed: tuple[_Network, ...]) -> str | None:
-    """Why ``address`` is no place for egress (a short phrase), or None if it may be used."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return "an IPv4-mapped address"
-    for never in _NEVER:
-        if address.version == never.version and address in never:
-            return _kind(address)
+    """Why ``address`` is no place for egress (a short phrase), or None if it may be used.
+
+    An IPv6 address that carries an IPv4 one (NAT64, 6to4, Teredo) is judged as each
+    address it may stand for, by the same rules: behind a translator it reaches that IPv4
+    address."""
+    why = never_refusal(address)
+    if why is not None:
+        return why
+    for form, inner in embedded_ipv4(address):
+        why = address_refusal(inner, allowed)
+        if why is not None:
+            return f"{form} of {inner}, {why}"
     if any(address.version == net.version and address in net for net in allowed):
         return None
     if isinstance(address, ipaddress.IPv6Address):
-        embedded = address.sixtofour or (address.teredo[1] if address.teredo else None)
-        if embedded is not None and address_refusal(embedded, allowed):
-            return "a 6to4 or Teredo address of a private one"
+        if address in _NAT64_LOCAL:
+            return "a local-use NAT64 address"
         if address.is_site_local:
             return "a site-local address"
     if address.is_multicast or not address.is_global or address in _CGNAT:
         return _kind(address)
     return None
+
+
+def never_refusal(address: _Address) -> str | None:
+    """Why egress never reaches ``address``, whatever ``egress_allow_networks`` opens (the
+    host itself, link-local and cloud metadata, multicast, unspecified, the IPv4-mapped,
+    -compatible and -translated forms, and any of those an IPv6 address carries), or None."""
+    if isinstance(address, ipaddress.IPv6Address):
+        for network, form in _V4_FORMS:
+            if address in network and address not in _V6_OWN:
+                inner = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+                return f"{form} (of {inner}), which egress never uses"
+    for form, inner in embedded_ipv4(address):
+        why = never_refusal(inner)
+        if why is not None:
+            return f"{form} of {inner}, {why}"
+    for never in _NEVER:
+        if address.version == never.version and address in never:
+            return _kind(address)
+    return None
+
+
+def embedded_ipv4(address: _Address) -> list[tuple[str, ipaddress.IPv4Address]]:
+    """Every IPv4 address an IPv6 ``address`` may stand for, each with the form that carries
+    it: NAT64 (64:ff9b::/96; 64:ff9b:1::/48 at each RFC 6052 prefix length), IPv4-compatible
+    (::/96), IPv4-translated (::ffff:0:0:0/96), IPv4-mapped, 6to4 (2002::/16) and Teredo
+    (2001::/32: its server and its client). Empty for an IPv4 address, :: and ::1."""
+    if not isinstance(address, ipaddress.IPv6Address) or address in _V6_OWN:
+        return []
+    value = int(address)
+    low = ipaddress.IPv4Address(value & 0xFFFFFFFF)
+    found: list[tuple[str, ipaddress.IPv4Address]] = []
+    for network, form in _LOW_32:
+        if address in network:
+            found.append((form, low))
+    if address in _NAT64_LOCAL:
+        # RFC 6052 section 2.2: past a /48 prefix the IPv4 bits skip bits 64-71.
+        octets = address.packed
+        for start in (6, 7):  # the /48 and /56 layouts
+            picked = [b for i, b in enumerate(octets[start:], start) if i != 8][:4]
+            found.append(("a NAT64 address", ipaddress.IPv4Address(bytes(picked))))
+        found.append(("a NAT64 address", ipaddress.IPv4Address(octets[9:13])))  # the /64
+        found.append(("a NAT64 address", low))  # the /96
+    if address.sixtofour is not None:
+        found.append(("a 6to4 address", address.sixtofour))
+    if address.teredo is not None:
+        server, client = address.teredo
+        found += [("a Teredo address", server), ("a Teredo address", client)]
+    return found
 
 
 def _kind(address: _Address) -> str:
@@ -143,7 +225,17 @@ class _Use:
     connections: int = 0
     sent: int = 0
     received: int = 0
-    refused: str | None = None  # the last refusal's reason, for a place never reached
+    refusals: dict[str, int] = field(default_factory=dict)  # reason -> requests refused
+
+    @property
+    def refused(self) -> str | None:
+        """The last refusal's reason (shown for a place never reached)."""
+        return next(reversed(self.refusals), None)
+
+    @refused.setter
+    def refused(self, reason: str) -> None:
+        """One more request refused for ``reason`` (it becomes the last one)."""
+        self.refusals[reason] = self.refusals.pop(reason, 0) + 1
 
 
 @dataclass(eq=False)
@@ -160,15 +252,22 @@ class EgressPass:
     closed: bool = False
     uses: dict[str, _Use] = field(default_factory=dict)
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    # Each upstream connection the run opened, and where to (pruned once it is closed).
+    tunnels: dict[asyncio.StreamWriter, Destination] = field(default_factory=dict)
 
     def use(self, destination: str) -> _Use:
+        """The figures of ``destination`` (past MAX_FIGURES destinations, of "other"). The
+        tool chooses the name: it is kept printable and at most MAX_DESTINATION_CHARS."""
+        destination = _printable(destination, MAX_DESTINATION_CHARS)
         if destination not in self.uses and len(self.uses) >= MAX_FIGURES:
             destination = "other"
         return self.uses.setdefault(destination, _Use())
 
     def figures(self) -> list[dict[str, Any]]:
         """What the run used: per destination, connections and bytes each way, or the
-        reason it was refused. No payload, path or header."""
+        reason it was refused. No payload, path or header. The destination is the tool's
+        choice (a refused one, or any name under a wildcard entry): whoever stores or
+        shows it scrubs it first (Runner.run)."""
         found = []
         for destination, use in self.uses.items():
             entry: dict[str, Any] = {
@@ -182,11 +281,63 @@ class EgressPass:
             found.append(entry)
         return found
 
+    def summary(self) -> dict[str, Any]:
+        """What the audit keeps of the run's egress, with no name the tool chose: per grant
+        entry used, connections and bytes each way; per refusal reason, the requests
+        refused; the cap reached, if one was."""
+        granted: dict[str, dict[str, int]] = {}
+        refused: dict[str, int] = {}
+        for destination, use in self.uses.items():
+            for reason, count in use.refusals.items():
+                kind = reason if reason in _REASONS else "other"
+                refused[kind] = refused.get(kind, 0) + count
+            if use.connections or use.sent or use.received:
+                figures = granted.setdefault(
+                    self._entry_of(destination),
+                    {"connections": 0, "bytesSent": 0, "bytesReceived": 0},
+                )
+                figures["connections"] += use.connections
+                figures["bytesSent"] += use.sent
+                figures["bytesReceived"] += use.received
+        found: dict[str, Any] = {
+            "granted": [{"entry": entry, **figures} for entry, figures in granted.items()],
+            "refused": refused,
+        }
+        if self.capped:
+            found["capped"] = self.capped
+        return found
+
+    def _entry_of(self, destination: str) -> str:
+        """The grant entry that let the run reach ``destination`` ("other" if unknown)."""
+        try:
+            wanted = parse(destination)
+        except EgressError:
+            return "other"
+        return next((str(g) for g in self.grant if covers(g, wanted)), "other")
+
+
+def _destinations(entries: Iterable[str]) -> tuple[Destination, ...]:
+    """A stored grant's entries as destinations (an entry that does not parse grants
+    nothing)."""
+    found = []
+    for entry in entries:
+        with contextlib.suppress(EgressError):
+            found.append(parse(entry))
+    return tuple(found)
+
 
 class _Refusal(Exception):
     def __init__(self, status: int, reason: str, detail: str) -> None:
         self.status, self.reason, self.detail = status, reason, detail
         super().__init__(detail)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the client may send on a connection the proxy opened for it."""
+
+    wanted: Destination  # the destination, its port set
+    body: int | None  # a plain request: its body's framing (nothing past it); None: a tunnel
 
 
 class EgressProxy:
@@ -207,8 +358,11 @@ class EgressProxy:
         self.max_bytes = max_bytes
         self.connect_timeout_s = connect_timeout_s
         self._server: asyncio.AbstractServer | None = None
-        # Names resolve in threads of the proxy's own: slow DNS never holds the daemon's.
-        self._resolver = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="egress-dns")
+        # Names resolve on the loop through c-ares, bounded per install (run/resolver.py).
+        self._resolver = Resolver()
+        # The install's grant as it is now (follow_grants); None: a run keeps its own.
+        self._current_grant: GrantReader | None = None
+        self._rechecking: asyncio.Future[None] | None = None
         self._starting = asyncio.Lock()
         self._by_token: dict[str, EgressPass] = {}
         self._by_uid: dict[int, EgressPass] = {}
@@ -230,8 +384,12 @@ class EgressProxy:
             )
             # Any jail uid may connect; it is then known by its uid and its credential.
             self.path.chmod(0o666)
+            self._rechecking = asyncio.ensure_future(self._recheck_tunnels())
 
     async def close(self) -> None:
+        if self._rechecking is not None:
+            self._rechecking.cancel()
+            self._rechecking = None
         for grant in list(self._by_token.values()):
             self.end_run(grant)
         if self._server is not None:
@@ -241,7 +399,6 @@ class EgressProxy:
             self._server = None
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
-        self._resolver.shutdown(wait=False, cancel_futures=True)
 
     def open_run(self, grant: Iterable[str], install_id: str | None = None) -> EgressPass:
         """A credential for one run of ``install_id``, good for ``grant`` until end_run."""
@@ -253,6 +410,14 @@ class EgressProxy:
         granted = EgressPass(token=token, grant=tuple(destinations), install_id=install_id)
         self._by_token[token] = granted
         return granted
+
+    def follow_grants(self, read: GrantReader) -> None:
+        """Hold the runs of installs to their install's grant as it is now:
+        ``read(install_id)`` gives it as stored (None once uninstalled). A run's new
+        connection must be in it too (besides the grant the run started with), and its
+        open connections to destinations it no longer covers close within
+        GRANT_RECHECK_S. A run without an install (``tool test``) keeps its grant."""
+        self._current_grant = read
 
     def bind(self, granted: EgressPass, uid: int) -> None:
         """The run has its jail: only that jail's uid may use the credential."""
@@ -289,11 +454,11 @@ class EgressProxy:
             except (ConnectionError, OSError):
                 return
             try:
-                upstream_reader, upstream, use = await self._open(owner, head, writer)
+                upstream_reader, upstream, use, plan = await self._open(owner, head, writer)
             except _Refusal as refusal:
                 await _answer(writer, refusal)
                 return
-            await self._pump(owner, use, (reader, writer), (upstream_reader, upstream))
+            await self._pump(owner, use, plan, (reader, writer), (upstream_reader, upstream))
         except (ConnectionError, OSError):
             pass
         except Exception as exc:  # a bug here must not lose the daemon's loop; no content
@@ -312,7 +477,7 @@ class EgressProxy:
 
     async def _open(
         self, owner: EgressPass, head: bytes, client: asyncio.StreamWriter
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, _Use]:
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, _Use, _Plan]:
         """Check one request and connect to its destination; _Refusal if it may not go."""
         lines = head[:-4].split(b"\r\n")
         parts = lines[0].split(b" ")
@@ -325,13 +490,12 @@ class EgressProxy:
                 407, "no credential", "the proxy credential is missing, wrong or expired"
             )
         tunnel = method == b"CONNECT"
-        path = b""
         if tunnel:
             authority = target
         elif target.startswith("http://"):
             rest = target[len("http://") :]
-            slash = rest.find("/")
-            authority, path = (rest, b"/") if slash == -1 else (rest[:slash], rest[slash:].encode())
+            authority = rest[: min((i for i in (rest.find("/"), rest.find("?")) if i != -1),
+                                   default=len(rest))]  # fmt: skip
         else:
             raise _Refusal(400, "bad request", "send CONNECT host:port, or a plain http:// URL")
         try:
@@ -344,6 +508,7 @@ class EgressProxy:
         if wanted.wildcard or not any(covers(g, wanted) for g in owner.grant):
             owner.use(where).refused = NOT_GRANTED
             raise _Refusal(403, NOT_GRANTED, f"{where} is not in this run's egress grant")
+        request = None if tunnel else self._checked(owner, head, wanted, where)
         if owner.connections >= self.max_connections or owner.bytes >= self.max_bytes:
             owner.capped = owner.capped or (
                 "connections" if owner.connections >= self.max_connections else "bytes"
@@ -351,27 +516,29 @@ class EgressProxy:
             owner.use(where).refused = CAP_REACHED
             raise _Refusal(403, CAP_REACHED, f"this run reached its egress {owner.capped} cap")
         owner.connections += 1  # every attempt counts: a resolution or a connect costs too
+        await self._require_current_grant(owner, wanted, where)
         addresses = await self._addresses(owner, wanted, where)
         reader, upstream = await self._connect(addresses, port, where)
         use = owner.use(where)
         use.connections += 1
         owner.writers.add(upstream)
+        owner.tunnels[upstream] = wanted
         if owner.closed:
             raise ConnectionAbortedError  # the run ended while this one connected
-        if tunnel:
+        if request is None:
             client.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        else:
-            kept = [
-                line
-                for line in lines[1:]
-                if line.split(b":", 1)[0].strip().lower() not in _HOP_HEADERS
-            ]
-            request = b"\r\n".join(
-                [method + b" " + path + b" " + parts[2], *kept, b"Connection: close", b"", b""]
-            )
-            self._count(owner, use, sent=len(request))
-            upstream.write(request)
-        return reader, upstream, use
+            return reader, upstream, use, _Plan(wanted, None)
+        self._count(owner, use, sent=len(request.head))
+        upstream.write(request.head)
+        return reader, upstream, use, _Plan(wanted, request.body)
+
+    def _checked(self, owner: EgressPass, head: bytes, wanted: Destination, where: str) -> Request:
+        """A plain request's head as it goes on; _Refusal unless it names ``wanted`` only."""
+        try:
+            return check_request(head, wanted, proxied=True)
+        except AuthorityRefused as exc:
+            owner.use(where).refused = exc.reason
+            raise _Refusal(exc.status, exc.reason, exc.detail) from None
 
     def _authorized(self, owner: EgressPass, headers: list[list[bytes]]) -> bool:
         for header in headers:
@@ -386,30 +553,82 @@ class EgressProxy:
                 return not owner.closed and hmac.compare_digest(token, owner.token.encode())
         return False
 
+    async def _require_current_grant(
+        self, owner: EgressPass, wanted: Destination, where: str
+    ) -> None:
+        """_Refusal unless the install's grant as stored now still covers ``wanted`` (one
+        store read per connection, off the loop on PostgreSQL; see follow_grants)."""
+        if owner.install_id is None or self._current_grant is None:
+            return
+        try:
+            entries = await self._current_grant(owner.install_id)
+        except Exception as exc:  # the database away: no grant is known, none is used
+            log.warning("egress: cannot read an install's grant: %s", type(exc).__name__)
+            raise _Refusal(
+                502, "grant unknown", f"{where}: the install's grant cannot be read now"
+            ) from None
+        if entries is None or not any(covers(g, wanted) for g in _destinations(entries)):
+            owner.use(where).refused = NOT_GRANTED
+            raise _Refusal(403, NOT_GRANTED, f"{where} is no longer in this install's egress grant")
+
+    async def _recheck_tunnels(self) -> None:
+        """Every GRANT_RECHECK_S, close the open connections of install runs whose
+        install's grant no longer covers their destination (one store read per install
+        with connections open)."""
+        while True:
+            await asyncio.sleep(GRANT_RECHECK_S)
+            try:
+                await self._close_revoked()
+            except Exception as exc:  # a bug here must not end the re-checks
+                log.error("egress: re-checking grants failed: %s", type(exc).__name__)
+
+    async def _close_revoked(self) -> None:
+        """Close the open connections of install runs to destinations their install's
+        grant no longer covers."""
+        read = self._current_grant
+        if read is None:
+            return
+        by_install: dict[str, list[EgressPass]] = {}
+        for granted in list(self._by_token.values()):
+            for upstream in [u for u in granted.tunnels if u not in granted.writers]:
+                del granted.tunnels[upstream]  # closed already
+            if granted.install_id is not None and granted.tunnels:
+                by_install.setdefault(granted.install_id, []).append(granted)
+        for install_id, passes in by_install.items():
+            try:
+                entries = await read(install_id)
+            except Exception as exc:  # checked again next time
+                log.warning("egress: cannot read an install's grant: %s", type(exc).__name__)
+                continue
+            grant = _destinations(entries or ())
+            for granted in passes:
+                for upstream, wanted in list(granted.tunnels.items()):
+                    if not any(covers(g, wanted) for g in grant):
+                        del granted.tunnels[upstream]
+                        _abort(upstream)  # its pump ends, and the tool's end closes
+
     async def _addresses(self, owner: EgressPass, wanted: Destination, where: str) -> list[str]:
         """The addresses of ``wanted`` that egress may use; _Refusal when there is none."""
         if wanted.ip:
             found = [ipaddress.ip_address(wanted.host)]
         else:
-            loop = asyncio.get_running_loop()
-            try:
-                infos = await asyncio.wait_for(
-                    loop.run_in_executor(self._resolver, _resolve, wanted.host, wanted.port),
-                    RESOLVE_TIMEOUT_S,
+            try:  # one install's slow names wait on that install's lookups only
+                names = await self._resolver.resolve(
+                    owner.install_id or "", wanted.host, wanted.port
                 )
-            except (OSError, TimeoutError):
-                raise _Refusal(502, "no such host", f"{where}: the name does not resolve") from None
-            found = []
-            for info in infos:
-                address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-                if address not in found:
-                    found.append(address)
+            except LookupFailed as failed:
+                raise _Refusal(502, failed.reason, f"{where}: {failed.detail}") from None
+            found = [ipaddress.ip_address(name) for name in names]
         usable = []
         refusals = []
         for address in found:
             why = address_refusal(address, self.allow_networks)
             if why is None and _is_this_host(address):
                 why = "an address of this host"
+            for form, inner in embedded_ipv4(address) if why is None else ():
+                if _is_this_host(inner):
+                    why = f"{form} of {inner}, an address of this host"
+                    break
             if why is None:
                 usable.append(str(address))
             else:
@@ -448,11 +667,13 @@ class EgressProxy:
         self,
         owner: EgressPass,
         use: _Use,
+        plan: _Plan,
         client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
         upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     ) -> None:
         """Copy both ways until both ends close, the byte cap is passed, or the run ends
-        (end_run aborts both connections)."""
+        (end_run aborts both connections). What the client sends is checked on the way
+        (see _outbound); the answers are copied as they come."""
 
         async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, out: bool) -> None:
             while data := await src.read(CHUNK):
@@ -470,15 +691,105 @@ class EgressProxy:
                 if dst.can_write_eof():
                     dst.write_eof()
 
+        async def send(data: bytes) -> None:
+            if not self._count(owner, use, sent=len(data)):
+                raise ConnectionAbortedError  # past the byte cap
+            upstream[1].write(data)
+            await upstream[1].drain()
+
+        async def outbound() -> None:
+            try:
+                then = await _check_outbound(plan, client[0], send)
+            except _InTunnel as refused:
+                owner.use(str(plan.wanted)).refused = refused.exc.reason
+                await _refuse_in_tunnel(client[1], refused)
+                then = "abort"
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+                then = "abort"
+            if then == "raw":
+                await copy(client[0], upstream[1], True)
+            elif then == "abort":
+                _abort(client[1])
+                _abort(upstream[1])
+            elif then == "eof":
+                with contextlib.suppress(OSError):
+                    if upstream[1].can_write_eof():
+                        upstream[1].write_eof()
+            # "done": the one plain request went whole; nothing past it is read.
+
         await asyncio.gather(
-            copy(client[0], upstream[1], True),
-            copy(upstream[0], client[1], False),
-            return_exceptions=True,
+            outbound(), copy(upstream[0], client[1], False), return_exceptions=True
         )
 
 
-def _resolve(host: str, port: int | None) -> list[Any]:
-    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+class _InTunnel(Exception):
+    """A refusal of what a client sent after its connection was opened; ``tls``: the
+    client speaks TLS, so the answer is a TLS alert."""
+
+    def __init__(self, exc: AuthorityRefused, *, tls: bool) -> None:
+        self.exc, self.tls = exc, tls
+        super().__init__(exc.detail)
+
+
+async def _check_outbound(
+    plan: _Plan, reader: asyncio.StreamReader, send: Callable[[bytes], Awaitable[None]]
+) -> str:
+    """Pass on what a client sends until what follows may go as it is, checking every
+    authority it names: a plain request's body and nothing past it ("done"); in a tunnel,
+    a TLS ClientHello naming the destination ("raw" after it), every HTTP/1 request on
+    the connection ("eof" when the client ends it), or a binary protocol, which names no
+    site ("raw"). _InTunnel when something names another authority or is not what it
+    claims to be; IncompleteReadError, LimitOverrunError or TimeoutError when the client
+    stops or stalls."""
+    if plan.body is not None:
+        try:
+            await forward_body(reader, plan.body, send)
+        except AuthorityRefused as exc:
+            raise _InTunnel(exc, tls=False) from None
+        return "done"
+    try:
+        first = await reader.readexactly(1)
+    except asyncio.IncompleteReadError:
+        return "eof"
+    if first == b"\x16":  # a TLS handshake record
+        try:
+            data, name = await asyncio.wait_for(read_client_hello(reader, first), HEAD_TIMEOUT_S)
+            check_server_name(name, plan.wanted)
+        except AuthorityRefused as exc:
+            raise _InTunnel(exc, tls=True) from None
+        await send(data)
+        return "raw"
+    if 0x14 <= first[0] <= 0x18 or first[0] >= 0x80:
+        # Another TLS record first, or an SSLv2-format ClientHello (no extensions, so no
+        # SNI), which some servers still take: neither can be checked.
+        detail = "the tunnel's first bytes are TLS but not a TLS 1.x ClientHello record"
+        refused = AuthorityRefused(400, "bad request", detail, ALERT_DECODE_ERROR)
+        raise _InTunnel(refused, tls=True)
+    if not is_token_start(first[0]):
+        await send(first)
+        return "raw"
+    while True:  # HTTP/1 in the tunnel: every request, however many the connection carries
+        try:
+            head = await asyncio.wait_for(read_head(reader, first, HEAD_LIMIT), HEAD_TIMEOUT_S)
+            request = check_request(head, plan.wanted, proxied=False)
+            await send(request.head)
+            await forward_body(reader, request.body, send)
+        except AuthorityRefused as exc:
+            raise _InTunnel(exc, tls=False) from None
+        try:
+            first = await reader.readexactly(1)
+        except asyncio.IncompleteReadError:
+            return "eof"
+
+
+async def _refuse_in_tunnel(writer: asyncio.StreamWriter, refused: _InTunnel) -> None:
+    exc = refused.exc
+    if not refused.tls:
+        await _answer(writer, _Refusal(exc.status, exc.reason, exc.detail))
+        return
+    with contextlib.suppress(OSError, ConnectionError):
+        writer.write(tls_alert(exc.alert))
+        await asyncio.wait_for(writer.drain(), 2)
 
 
 def _peer_uid(writer: asyncio.StreamWriter) -> int | None:

@@ -1,11 +1,20 @@
-"""Keeping secret values out of what a run returns.
+"""Keeping secret values out of what a run returns and what runnerd stores.
 
-A secret can leak in many spellings: as is, base64 (standard or URL-safe, at any byte
-alignment), base32 (at any alignment), hex, URL-encoded, JSON-escaped, or one line of a
-multi-line value; a value of MIN_FOLDED_CHARS or more also reversed and in any letter
-case. ``Scrubber`` knows every spelling of every secret of a run, replaces them in logs
-and errors with ``[secret]``, and tells whether an output contains any of them. Matching
-runs on RE2 (one linear pass, whatever the number of spellings).
+A secret can leak in many spellings. ``Scrubber`` knows these spellings of every secret
+of a run (docs/SECURITY.md lists the same, and tests/test_scrub.py tests each one through a
+real run):
+
+- exactly: as is; URL-encoded (``quote`` and ``quote_plus``: reserved bytes only);
+  JSON-escaped; base64, standard and URL-safe, at any byte alignment; each line of a
+  multi-line value, as is and JSON-escaped;
+- in any case of its hex digits: every byte %-encoded (``%73%6B`` or ``%73%6b``);
+- in any letter case, for a value of MIN_FOLDED_CHARS or more: the value; reversed; hex;
+  URL-encoded; base32 at any alignment; base64 at any alignment (a host name is lower
+  case, so a name built from one spelling is caught too).
+
+It replaces them with ``[secret]`` in logs, errors and whatever else a tool controls that
+runnerd stores or shows (egress destination names), and tells whether an output contains
+any of them. Matching runs on RE2 (one linear pass, whatever the number of spellings).
 
 What this cannot do: a tool holds its secrets, so its own code can always re-encode one
 in a way no list of spellings foresees (split, compressed, encrypted). Scrubbing protects
@@ -61,16 +70,25 @@ def _spellings(value: str) -> tuple[set[str], set[str]]:
         msgspec.json.encode(value).decode()[1:-1],
     }
     b64 = _cores(raw, base64.b64encode, 6, 3)
-    forms |= b64 | {c.replace("+", "-").replace("/", "_") for c in b64}
+    b64 |= {c.replace("+", "-").replace("/", "_") for c in b64}
+    forms |= b64
     for line in value.splitlines():
         line = line.strip()
         if line:
             forms |= {line, json.dumps(line)[1:-1]}
-    folded: set[str] = set()
+    # Every byte %-encoded: only hex digits and "%", so any case is this value alone.
+    folded = {"".join(f"%{byte:02X}" for byte in raw)}
     if len(value) >= MIN_FOLDED_CHARS:
-        folded = {value, value[::-1], raw.hex(), quote(value, safe="").lower()}
-        folded |= _cores(raw, base64.b32encode, 5, 5)
-    return _long_enough(forms), _long_enough(folded)
+        folded |= {value, value[::-1], raw.hex(), quote(value, safe="").lower()}
+        folded |= _cores(raw, base64.b32encode, 5, 5) | b64
+    # An output is checked as JSON, where a spelling's quotes and backslashes are escaped.
+    forms |= {_json(f) for f in forms}
+    folded |= {_json(f) for f in folded}
+    return _long_enough(forms - folded), _long_enough(folded)  # folded ones match as is too
+
+
+def _json(text: str) -> str:
+    return msgspec.json.encode(text).decode()[1:-1]
 
 
 def _long_enough(forms: set[str]) -> set[str]:

@@ -218,12 +218,16 @@ class RunsStore(AuditStore):
         error_kind: str | None = None,
         key_id: str | None = None,
         egress: list[dict[str, Any]] | None = None,
+        egress_audit: dict[str, Any] | None = None,
     ) -> None:
         """End a run: its row, its ledger row, its audit entry and its budget settlement,
         in one transaction. Ending a run twice changes nothing the second time.
-        ``egress``: what it reached through the proxy (figures, never payloads)."""
+        ``egress``: what it reached through the proxy, per destination (figures, never
+        payloads; scrubbed by the runner), kept in the run's row for its history.
+        ``egress_audit``: what the audit entry keeps of it (counts per grant entry and per
+        refusal reason, EgressPass.summary): never a destination the tool named."""
         with self._write():
-            self._finish(run_id, status, duration_ms, error_kind, key_id, egress)
+            self._finish(run_id, status, duration_ms, error_kind, key_id, egress, egress_audit)
 
     def _finish(
         self,
@@ -233,6 +237,7 @@ class RunsStore(AuditStore):
         error_kind: str | None,
         key_id: str | None,
         egress: list[dict[str, Any]] | None = None,
+        egress_audit: dict[str, Any] | None = None,
     ) -> None:
         row = self.db.execute(
             """SELECT workspace_id, install_id, app_id, version_id, tool, user_id, surface,
@@ -298,7 +303,7 @@ class RunsStore(AuditStore):
             detail={
                 "runId": run_id,
                 **({"workflowRunId": workflow_run_id} if workflow_run_id else {}),
-                **({"egress": egress} if egress is not None else {}),
+                **({"egress": egress_audit} if egress_audit is not None else {}),
             },
         )
 

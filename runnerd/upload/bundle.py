@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import json
 import os
 import posixpath
@@ -28,6 +29,7 @@ from runnerd import egress
 from runnerd.checks.patterns import PatternError, compile_pattern
 from runnerd.checks.schemas import FieldError, SchemaError, check_document, compile_schema
 from runnerd.errors import BundleRejected, Problem
+from runnerd.run.proxy import never_refusal
 from runnerd.upload.code import SourceFile, check_code
 from runnerd.upload.pins import PinError, normalize_pin, pin_name
 from runnerd.upload.toolchain import Toolchain
@@ -468,9 +470,22 @@ def _egress(tree: Any, problems: list[Problem]) -> tuple[str, ...]:
     for i, entry in enumerate(tree.get("egress") or []):
         line = _line_of(tree, ("egress", i))
         try:
-            normal = str(egress.parse(str(entry)))
+            destination = egress.parse(str(entry))
         except egress.EgressError as exc:
             problems.append(Problem(C.MANIFEST_NAME, f"egress[{i}]: {exc}", line))
+            continue
+        normal = str(destination)
+        # Only what no daemon may reach is refused here: a private literal may be opened by
+        # the daemon's egress_allow_networks, and the proxy judges it at each connection.
+        why = never_refusal(ipaddress.ip_address(destination.host)) if destination.ip else None
+        if why is not None:
+            problems.append(
+                Problem(
+                    C.MANIFEST_NAME,
+                    f"egress[{i}]: egress never reaches {normal} ({why})",
+                    line,
+                )
+            )
             continue
         if normal in found:
             problems.append(
