@@ -289,3 +289,106 @@ def test_every_answer_carries_the_security_headers(daemon: Daemon) -> None:
     page = httpx.get(f"{daemon.url}/").text
     assert '<script type="module" src="/static/app.js"></script>' in page
     assert "<script>" not in page and "style=" not in page
+
+
+# --- a session lives no longer than its key, and has no more rights than its person ---------
+
+
+def _key_id(daemon: Daemon, plaintext: str) -> str:
+    listed = daemon.call(
+        "GET", f"/api/v2/workspaces/{daemon.workspace_id}/keys", daemon.admin_key
+    ).json()["data"]
+    [found] = [k["keyId"] for k in listed if plaintext.startswith(k["prefix"])]
+    return str(found)
+
+
+def _user_id(daemon: Daemon, email: str) -> str:
+    members = daemon.call(
+        "GET", f"/api/v2/workspaces/{daemon.workspace_id}/members", daemon.admin_key
+    ).json()["data"]
+    return str(next(m["userId"] for m in members if m["email"] == email))
+
+
+def test_a_session_dies_with_the_key_it_signed_in_with(
+    daemon: Daemon, browser_like: httpx.Client
+) -> None:
+    """An admin's session made with personal key K: once another admin revokes K, the
+    session's next read and its next change (CSRF token and all) are 401, and the
+    audit says which sessions ended. A session of the same person from a sign-in link,
+    and one from another key of theirs, live on."""
+    base = f"/api/v2/workspaces/{daemon.workspace_id}"
+    key = daemon.person("grace@example.com", role="admin")
+    other_key = daemon.person("grace@example.com", role="admin")
+    info = _sign_in(browser_like, apiKey=key)
+    csrf = {"X-CSRF-Token": str(info["csrfToken"])}
+    assert browser_like.get(f"{base}/members").status_code == 200
+    elsewhere = httpx.Client(base_url=daemon.url, timeout=60)
+    _sign_in(elsewhere, apiKey=other_key)
+    store = daemon.store()
+    try:
+        user = store.ensure_user("grace@example.com")
+        token = store.create_login_link(user.id, ttl_s=60)
+    finally:
+        store.close()
+    by_link = httpx.Client(base_url=daemon.url, timeout=60)
+    _sign_in(by_link, loginToken=token)
+
+    key_id = _key_id(daemon, key)
+    revoked = daemon.call("DELETE", f"{base}/keys/{key_id}", daemon.admin_key)
+    assert revoked.status_code == 200, revoked.text
+    envelope(browser_like.get("/api/v2/session"), 401)
+    envelope(browser_like.get(f"{base}/members"), 401)
+    made = browser_like.put(
+        f"{base}/members", json={"email": "sneak@example.com", "role": "admin"}, headers=csrf
+    )
+    envelope(made, 401)
+    members = daemon.call("GET", f"{base}/members", daemon.admin_key).json()["data"]
+    assert "sneak@example.com" not in {m["email"] for m in members}
+    assert elsewhere.get(f"{base}/members").status_code == 200
+    assert by_link.get(f"{base}/members").status_code == 200
+    entries = daemon.call(
+        "GET",
+        "/api/v2/audit",
+        daemon.admin_key,
+        params={"workspaceId": daemon.workspace_id, "action": "key.revoke", "limit": 1000},
+    ).json()["data"]
+    [entry] = [e for e in entries if e["detail"]["keyId"] == key_id]
+    assert len(entry["detail"]["sessionsEnded"]) == 1
+    assert entry["actorUserId"] == _user_id(daemon, "ada@example.com")
+
+
+def test_a_session_loses_rights_at_once_when_the_role_drops_or_the_person_leaves(
+    daemon: Daemon, install: str, browser_like: httpx.Client
+) -> None:
+    base = f"/api/v2/workspaces/{daemon.workspace_id}"
+    info = _sign_in(browser_like, apiKey=daemon.person("hedy@example.com", role="admin"))
+    csrf = {"X-CSRF-Token": str(info["csrfToken"])}
+    user_id = _user_id(daemon, "hedy@example.com")
+    assert browser_like.get(f"{base}/members").status_code == 200
+
+    for role in ("member", "viewer"):
+        dropped = daemon.call(
+            "PUT",
+            f"{base}/members",
+            daemon.admin_key,
+            json={"email": "hedy@example.com", "role": role},
+        )
+        assert dropped.status_code == 200, dropped.text
+        envelope(browser_like.get(f"{base}/members"), 403, "INSUFFICIENT_WORKSPACE_ROLE")
+        envelope(
+            browser_like.put(
+                f"{base}/members", json={"email": "hedy@example.com", "role": "admin"}, headers=csrf
+            ),
+            403,
+            "INSUFFICIENT_WORKSPACE_ROLE",
+        )
+        assert browser_like.get("/api/v2/session").json()["workspaces"][0]["role"] == role
+    assert browser_like.get(f"/api/v2/apps/installs/{install}/runs").status_code == 200
+
+    envelope(daemon.call("DELETE", f"{base}/members/usr_nobody", daemon.admin_key), 404)
+    removed = daemon.call("DELETE", f"{base}/members/{user_id}", daemon.admin_key)
+    assert removed.status_code == 200, removed.text
+    assert "hedy@example.com" not in {m["email"] for m in removed.json()["data"]}
+    assert browser_like.get("/api/v2/session").json()["workspaces"] == []
+    envelope(browser_like.get(f"/api/v2/apps/installs/{install}/runs"), 404)
+    envelope(browser_like.get("/api/v2/apps", params={"workspaceId": daemon.workspace_id}), 403)

@@ -101,7 +101,9 @@ async def authenticate(
     request: Request, store: Store, cookies: CookieSigner | None = None
 ) -> Caller:
     """The caller of ``request``: its X-API-Key header, else its session cookie (with the
-    session's CSRF token on any request that changes state); 401 if neither is valid."""
+    session's CSRF token on any request that changes state); 401 if neither is valid.
+    Nothing is cached: the key, or the session and the key it was signed in with, are
+    looked up on every request, and roles are checked afresh by ``Caller.member``."""
     plaintext = request.headers.get("x-api-key", "").strip()
     if plaintext:
         key = await store.io(store.find_key, plaintext)

@@ -20,22 +20,32 @@ the official MCP Python SDK's lowlevel server.
   ``runnerd.approval`` reads the outcome.
 - Installing, switching or rolling back publishes ``notifications/tools/list_changed``
   to the sessions listening (``subscriptions/listen``).
+- A session (``Mcp-Session-Id``, the 2025 handshake era) is bound to the key and the
+  workspace that opened it: any other key, or another workspace, gets 404 before the SDK
+  sees the request. When the key is revoked or its person leaves the workspace, its
+  sessions are ended and its open streams closed (checked every ``WATCH_S``).
 """
 
 from __future__ import annotations
 
 import json
-from contextlib import AbstractAsyncContextManager
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import mcp_types as types
 from mcp.server.lowlevel.server import Server
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from runnerd import __version__
 from runnerd.api.auth import Caller, bearer_or_key
@@ -54,10 +64,51 @@ INSTRUCTIONS = (
     "Tools of the apps installed in this runnerd workspace. Each runs in a sandbox and is "
     "metered; a tool marked destructive (effect write) asks the person before it runs."
 )
+WATCH_S = 1.0  # how often open sessions and streams are checked against revoked keys
+_NO_SESSION = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Session not found"}}'
+
+log = logging.getLogger(__name__)
 
 
 def mcp_name(app_slug: str, tool: str) -> str:
     return f"{app_slug}{SEPARATOR}{tool}"
+
+
+@dataclass(frozen=True)
+class _Grant:
+    """What a request or a session acts under: a key, in a workspace."""
+
+    key_id: str
+    workspace_id: str
+
+
+@dataclass
+class _Session:
+    """A session opened over the handshake: whose it is, and how it is in use."""
+
+    grant: _Grant
+    in_flight: int = 0
+    used: float = field(default_factory=time.monotonic)
+
+
+class _Watched:
+    """The ``send`` of one request, watched: its status, whether it finished."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.status: int | None = None
+        self.session_id: str | None = None  # the header the SDK set on its answer
+        self.done = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = int(message["status"])
+            for name, value in message.get("headers", []):
+                if name.lower() == MCP_SESSION_ID_HEADER.encode():
+                    self.session_id = value.decode("latin-1")
+        elif message["type"] == "http.response.body" and not message.get("more_body"):
+            self.done = True
+        await self._send(message)
 
 
 class McpGateway:
@@ -79,10 +130,19 @@ class McpGateway:
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False)
         )
         self._endpoint = StreamableHTTPASGIApp(self.server.session_manager)
+        self._sessions: dict[str, _Session] = {}  # Mcp-Session-Id: who opened it
+        self._streams: dict[_Grant, set[anyio.CancelScope]] = {}  # requests being served
 
-    def run(self) -> AbstractAsyncContextManager[None]:
-        """The session manager's task group, for the daemon's lifespan."""
-        return self.server.session_manager.run()
+    @asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        """The session manager's task group, and the watch that ends the sessions and
+        streams of revoked keys, for the daemon's lifespan."""
+        async with self.server.session_manager.run(), anyio.create_task_group() as tasks:
+            tasks.start_soon(self._watch)
+            try:
+                yield
+            finally:
+                tasks.cancel_scope.cancel()
 
     async def tools_changed(self) -> None:
         await self.bus.publish(ToolsListChanged())
@@ -92,11 +152,120 @@ class McpGateway:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         try:
-            await self._authorize(request)
+            caller, workspace_id = await self._authorize(request)
+            session_id = _session_id(request)
         except ApiError as exc:
             await error_response(exc)(scope, receive, send)
             return
+        grant = _Grant(caller.key.id, workspace_id)
+        session = None if session_id is None else self._sessions.get(session_id)
+        if session_id is not None and (session is None or session.grant != grant):
+            # Another key's session, or one of another workspace: as if it did not exist.
+            await _session_not_found(send)
+            return
+        watched = _Watched(send)
+        if session is not None:
+            session.in_flight += 1
+        try:
+            await self._serve(grant, scope, receive, watched)
+        finally:
+            if session is not None:
+                session.in_flight -= 1
+                session.used = time.monotonic()
+        if session_id is None and watched.session_id and (watched.status or 500) < 400:
+            self._sessions[watched.session_id] = _Session(grant)  # the handshake opened it
+        elif session_id is not None and (
+            watched.status == 404 or (request.method == "DELETE" and (watched.status or 500) < 400)
+        ):
+            self._sessions.pop(session_id, None)  # ended by its owner, or by the SDK
+
+    async def _serve(self, grant: _Grant, scope: Scope, receive: Receive, send: _Watched) -> None:
+        """Hand the request to the SDK, cancellable when its grant ends (``_end``)."""
+        with anyio.CancelScope() as cancel:
+            streams = self._streams.setdefault(grant, set())
+            streams.add(cancel)
+            try:
+                await self._endpoint(scope, receive, send)
+            finally:
+                streams.discard(cancel)
+                if not streams:
+                    self._streams.pop(grant, None)
+        if not cancel.cancelled_caught or send.done:
+            return
+        if send.status is None:
+            ended = ApiError("UNAUTHORIZED", "The key was revoked, or left the workspace")
+            await error_response(ended)(scope, receive, send)
+        else:  # a stream: end it cleanly
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _watch(self) -> None:
+        """Every ``WATCH_S``: end the sessions and streams whose key was revoked (here,
+        on another node, or by ``runnerd admin revoke-key``) or whose person left the
+        workspace, and forget sessions the SDK has let go idle."""
+        while True:
+            await anyio.sleep(WATCH_S)
+            state = self.state
+            grants = {s.grant for s in self._sessions.values()} | set(self._streams)
+            if state is None or not grants:
+                continue
+            pairs = [(g.key_id, g.workspace_id) for g in grants]
+            try:
+                live = await state.store.io(state.store.live_grants, pairs)
+            except Exception as exc:
+                # The database is away (PostgreSQL down, SQLite locked): try again next
+                # time. Raising would end the task group, and every MCP session with it.
+                log.warning("MCP sessions not checked against revoked keys: %r", exc)
+                continue
+            for grant in grants:
+                if (grant.key_id, grant.workspace_id) not in live:
+                    await self._end(grant)
+            self._forget_idle()
+
+    async def _end(self, grant: _Grant) -> None:
+        """End everything ``grant`` holds: its sessions answer 404 from now on (and the
+        SDK terminates them), its requests and streams are cut."""
+        ended = [sid for sid, s in self._sessions.items() if s.grant == grant]
+        for session_id in ended:
+            del self._sessions[session_id]
+        for cancel in list(self._streams.get(grant, ())):
+            cancel.cancel()
+        for session_id in ended:
+            await self._terminate(session_id)
+
+    async def _terminate(self, session_id: str) -> None:
+        """Terminate a session in the SDK as its client would: a DELETE with its id."""
+        scope: Scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "DELETE",
+            "scheme": "http",
+            "path": "/mcp",
+            "raw_path": b"/mcp",
+            "root_path": "",
+            "query_string": b"",
+            "headers": [(MCP_SESSION_ID_HEADER.encode(), session_id.encode())],
+            "client": ("127.0.0.1", 0),
+            "server": ("127.0.0.1", 0),
+        }
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Message) -> None:
+            return None
+
         await self._endpoint(scope, receive, send)
+
+    def _forget_idle(self) -> None:
+        """Forget sessions idle past the SDK's own timeout: it has ended them."""
+        idle_s = self.server.session_manager.session_idle_timeout
+        if idle_s is None:
+            return
+        now = time.monotonic()
+        for session_id, session in list(self._sessions.items()):
+            if not session.in_flight and now - session.used > idle_s + WATCH_S:
+                del self._sessions[session_id]
 
     async def _authorize(self, request: Request, *, spend: bool = True) -> tuple[Caller, str]:
         """The caller and workspace of an MCP request: 401, 403 or 429 as on the API
@@ -315,7 +484,15 @@ class McpGateway:
                 content=[types.TextContent(text=json.dumps(found))], structured_content=found
             )
         run = await state.calls.outcome(approval.run_id)
-        found["run"] = _run_fields(run)
+        # GET /api/v2/runs/{id}'s rule: the output is the asker's, the approver's who
+        # released it, or an admin's; anyone else of the workspace sees the status only.
+        member = await state.store.io(state.store.membership, workspace_id, who.user_id)
+        entitled = who.user_id in (approval.requested_by, approval.decided_by) or (
+            member is not None and member.role == "admin"
+        )
+        found["run"] = _run_fields(run) | {"outputAvailable": entitled}
+        if not entitled:
+            found["run"] |= {"output": None, "error": None}
         return types.CallToolResult(
             content=[types.TextContent(text=json.dumps(found, ensure_ascii=False))],
             structured_content=found,
@@ -347,6 +524,30 @@ def _result(run: CallResult) -> types.CallToolResult:
         {"content": [{"type": "text", "text": f"The run {run.status}: {run.error}"}],
          "isError": True, "_meta": meta}
     )  # fmt: skip
+
+
+def _session_id(request: Request) -> str | None:
+    """The request's ``Mcp-Session-Id``; 400 when it carries more than one."""
+    found = request.headers.getlist(MCP_SESSION_ID_HEADER)
+    if len(found) > 1:
+        raise ApiError(
+            "BAD_REQUEST",
+            "send one Mcp-Session-Id header",
+            details={"code": "DUPLICATE_SESSION_ID", "field": MCP_SESSION_ID_HEADER},
+        )
+    return found[0] if found else None
+
+
+async def _session_not_found(send: Send) -> None:
+    """The SDK's own answer to an unknown session id: 404, a JSON-RPC error."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 404,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "http.response.body", "body": _NO_SESSION, "more_body": False})
 
 
 def _wire(exc: ApiError) -> dict[str, Any]:

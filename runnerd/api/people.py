@@ -86,7 +86,7 @@ async def sign_in(request: Request, state: AppState) -> Response:
                 "sign in with a personal API key: a workspace key acts for no person, and a "
                 "scoped token must not become a session with more rights than its scopes",
             )
-        user_id, via = key.user_id, "api_key"
+        user_id, via, key_id = key.user_id, "api_key", key.id
     else:
         assert body.login_token is not None
         found = await store.io(store.use_login_link, body.login_token)
@@ -95,9 +95,11 @@ async def sign_in(request: Request, state: AppState) -> Response:
                 "UNAUTHORIZED",
                 "This sign-in link was used already or has expired; ask for a new one",
             )
-        user_id, via = found, "login_link"
+        user_id, via, key_id = found, "login_link", None
     ttl_s = state.settings.session_hours * 3600
-    session, secret = await store.io(store.create_session, user_id, ttl_s=ttl_s, via=via)
+    session, secret = await store.io(
+        store.create_session, user_id, ttl_s=ttl_s, via=via, key_id=key_id
+    )
     response = await _session_info(store, user_id, session.csrf, session.expires_at)
     state.cookies.set(response, request, secret, ttl_s)
     return response
@@ -175,6 +177,20 @@ async def put_member(request: Request, state: AppState) -> Response:
     return json_response(_member_info(row))
 
 
+async def remove_member(request: Request, state: AppState) -> Response:
+    caller, workspace_id = await _admin(request, state, "apps:write")
+    user_id = str(request.path_params["userId"])
+    store = state.store
+    removed = await store.io(
+        store.remove_member, workspace_id, user_id, actor_user_id=caller.user_id
+    )
+    if not removed:
+        raise ApiError(
+            "NOT_FOUND", "No such person in this workspace", details={"code": "MEMBER_NOT_FOUND"}
+        )
+    return await list_members(request, state)
+
+
 # --- keys -------------------------------------------------------------------------------------
 
 
@@ -243,14 +259,23 @@ async def create_key(request: Request, state: AppState) -> Response:
 
 
 async def revoke_key(request: Request, state: AppState) -> Response:
-    _, workspace_id = await _admin(request, state, "apps:write")
+    """Revoke a key: from this request on it authenticates nothing, and the Manage-page
+    sessions signed in with it end with it (store); MCP sessions it opened are ended
+    by the MCP gateway (api/mcp.py)."""
+    caller, workspace_id = await _admin(request, state, "apps:write")
     key_id = str(request.path_params["keyId"])
     store = state.store
     if not any(r["id"] == key_id for r in await store.io(store.keys_of_workspace, workspace_id)):
         raise ApiError(
             "NOT_FOUND", "No such key in this workspace", details={"code": "KEY_NOT_FOUND"}
         )
-    await store.io(store.revoke_key, key_id)
+    await store.io(
+        store.revoke_key,
+        key_id,
+        actor_user_id=caller.user_id,
+        actor_key_id=caller.key.id,
+        workspace_id=workspace_id,
+    )
     return json_response(Revoked(key_id=key_id, revoked=True))
 
 
@@ -259,8 +284,17 @@ async def verify_audit(request: Request, state: AppState) -> Response:
     caller.need_person()
     workspace_id = request.query_params.get("workspaceId", "")
     await caller.member(state.store, workspace_id, role="admin", apps=False)
-    checked, broken = await state.store.io(state.store.verify_audit)
-    return json_response(AuditVerdict(ok=broken is None, entries=checked, first_break=broken))
+    found = await state.store.io(state.store.audit_verdict)
+    return json_response(
+        AuditVerdict(
+            ok=found.first_break is None,
+            entries=found.entries,
+            first_break=found.first_break,
+            problem=found.problem,
+            head_seq=found.head_seq,
+            head_hash=found.head_hash,
+        )
+    )
 
 
 _WORKSPACE_PATH = Param("workspaceId", "The workspace.", required=True, max_length=64, where="path")
@@ -308,6 +342,21 @@ OPS = [
         MemberInfo,
         body=MemberBody,
         params=(_WORKSPACE_PATH,),
+    ),
+    Op(
+        "DELETE",
+        "/api/v2/workspaces/{workspaceId}/members/{userId}",
+        "removeMember",
+        "Take a person out of a workspace (admins); the people who remain",
+        remove_member,
+        MemberList,
+        params=(
+            _WORKSPACE_PATH,
+            Param("userId", "The person.", required=True, max_length=64, where="path"),
+        ),
+        description="From this request on, nothing of theirs acts in the workspace: their "
+        "Manage-page sessions and MCP sessions lose it at once. Their keys stay, for the "
+        "other workspaces they belong to.",
     ),
     Op(
         "GET",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -87,6 +88,26 @@ class PeopleStore(AuditStore):
         found = self.membership(workspace_id, user_id)
         assert found is not None
         return found
+
+    def remove_member(
+        self, workspace_id: str, user_id: str, *, actor_user_id: str | None = None
+    ) -> bool:
+        """Take a person out of a workspace (audited); False if they were not in it. Their
+        keys stay (a personal key acts in each workspace of its person), but nothing of
+        theirs acts here any more: every request checks the membership afresh."""
+        with self._write():
+            cur = self.db.execute(
+                "DELETE FROM memberships WHERE workspace_id = ? AND user_id = ?",
+                [workspace_id, user_id],
+            )
+            if cur.rowcount:
+                self._append_audit(
+                    "member.remove",
+                    workspace_id=workspace_id,
+                    actor_user_id=actor_user_id,
+                    detail={"userId": user_id},
+                )
+        return bool(cur.rowcount)
 
     def membership(self, workspace_id: str, user_id: str) -> MembershipRecord | None:
         row = self.db.execute(
@@ -209,6 +230,23 @@ class PeopleStore(AuditStore):
         ).fetchone()
         return row is not None
 
+    def live_grants(self, grants: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Which of these (key id, workspace id) pairs still hold: the key is live and
+        its person a member of the workspace (for open MCP sessions and streams)."""
+        wanted = set(grants)
+        keys = sorted({key_id for key_id, _ in wanted})
+        found: set[tuple[str, str]] = set()
+        for start in range(0, len(keys), 500):  # well under any bound-parameter limit
+            chunk = keys[start : start + 500]
+            rows = self.db.execute(
+                f"""SELECT k.id, m.workspace_id FROM api_keys k
+                    JOIN memberships m ON m.user_id = k.user_id
+                    WHERE k.revoked_at IS NULL AND k.id IN ({", ".join("?" * len(chunk))})""",
+                chunk,
+            ).fetchall()
+            found.update((str(r[0]), str(r[1])) for r in rows)
+        return wanted & found
+
     def get_key(self, key_id: str) -> KeyRecord | None:
         row = self.db.execute(
             """SELECT id, kind, user_id, workspace_id, scopes, name, prefix, created_at
@@ -219,12 +257,33 @@ class PeopleStore(AuditStore):
             return None
         return KeyRecord(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), *row[5:])
 
-    def revoke_key(self, key_id: str) -> bool:
+    def revoke_key(
+        self,
+        key_id: str,
+        *,
+        actor_user_id: str | None = None,
+        actor_key_id: str | None = None,
+        workspace_id: str | None = None,
+    ) -> bool:
+        """Revoke a live key, and in the same transaction end the Manage-page sessions
+        signed in with it (both audited). False if there was no live key of that id."""
         with self._write():
             cur = self.db.execute(
                 "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
                 [utc_now(), key_id],
             )
             if cur.rowcount:
-                self._append_audit("key.revoke", detail={"keyId": key_id})
+                ended = sorted(
+                    str(r[0])
+                    for r in self.db.execute(
+                        "DELETE FROM web_sessions WHERE key_id = ? RETURNING id", [key_id]
+                    ).fetchall()
+                )
+                self._append_audit(
+                    "key.revoke",
+                    workspace_id=workspace_id,
+                    actor_user_id=actor_user_id,
+                    actor_key_id=actor_key_id,
+                    detail={"keyId": key_id, "sessionsEnded": ended},
+                )
         return bool(cur.rowcount)

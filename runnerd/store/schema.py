@@ -310,6 +310,15 @@ def _m7_nodes(db: Database) -> None:
     db.ddl("CREATE INDEX runs_by_status ON runs (status, node_id)")
 
 
+def _m8_session_credential(db: Database) -> None:
+    """The key a browser session was signed in with (NULL for a sign-in link): the
+    session dies with it. Sessions from before this migration named no key, so they
+    are ended (people sign in again once)."""
+    db.ddl("ALTER TABLE web_sessions ADD COLUMN key_id TEXT")
+    db.execute("DELETE FROM web_sessions")
+    db.ddl("CREATE INDEX web_sessions_by_key ON web_sessions (key_id)")
+
+
 # Append only: a migration, once released, never changes.
 MIGRATIONS: list[Callable[[Database], None]] = [
     _m1_apps_and_versions,
@@ -319,4 +328,5 @@ MIGRATIONS: list[Callable[[Database], None]] = [
     _m5_run_egress,
     _m6_sign_in,
     _m7_nodes,
+    _m8_session_credential,
 ]

@@ -2,7 +2,9 @@
 
 Only hashes are stored: a link's token and a session's id are shown once (printed, or
 set as a cookie) and looked up by their SHA-256. A link is good once, for a short time;
-a session expires and can be ended (sign-out).
+a session expires and can be ended (sign-out). A session signed in with a key records
+that key, and dies with it: ``find_session`` never finds one whose key is revoked, and
+revoking a key deletes its sessions (store/people.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class SessionRecord(msgspec.Struct, frozen=True):
     user_id: str
     csrf: str  # the token every state-changing request of this session must carry
     expires_at: str
+    key_id: str | None = None  # the key it was signed in with; None for a sign-in link
 
 
 def _later(seconds: int) -> str:
@@ -54,8 +57,11 @@ class SessionsStore(AuditStore):
             ).fetchone()
         return None if row is None else str(row[0])
 
-    def create_session(self, user_id: str, *, ttl_s: int, via: str) -> tuple[SessionRecord, str]:
-        """A new session; returns it and its secret id (the cookie's value)."""
+    def create_session(
+        self, user_id: str, *, ttl_s: int, via: str, key_id: str | None = None
+    ) -> tuple[SessionRecord, str]:
+        """A new session; returns it and its secret id (the cookie's value). ``key_id``
+        names the key it was signed in with (``via="api_key"``): it lives no longer."""
         secret = secrets.token_urlsafe(32)
         digest = hash_key(secret)
         record = SessionRecord(
@@ -63,23 +69,32 @@ class SessionsStore(AuditStore):
             user_id=user_id,
             csrf=secrets.token_urlsafe(24),
             expires_at=_later(ttl_s),
+            key_id=key_id,
         )
         with self._write():
             self.db.execute("DELETE FROM web_sessions WHERE expires_at <= ?", [utc_now()])
             self.db.execute(
-                """INSERT INTO web_sessions (id_hash, id, user_id, csrf, created_at, expires_at)
-                   VALUES (?, ?, ?, ?, ?, ?)""",
-                [digest, record.id, user_id, record.csrf, utc_now(), record.expires_at],
+                """INSERT INTO web_sessions
+                   (id_hash, id, user_id, csrf, created_at, expires_at, key_id)
+                   VALUES (?, ?, ?, ?, ?, ?, ?)""",
+                [digest, record.id, user_id, record.csrf, utc_now(), record.expires_at, key_id],
             )
             self._append_audit(
-                "session.create", actor_user_id=user_id, detail={"sessionId": record.id, "via": via}
+                "session.create",
+                actor_user_id=user_id,
+                actor_key_id=key_id,
+                detail={"sessionId": record.id, "via": via},
             )
         return record, secret
 
     def find_session(self, secret: str) -> SessionRecord | None:
+        """The live session of this secret: not expired, and its key (if it was signed in
+        with one) not revoked. None otherwise."""
         row = self.db.execute(
-            """SELECT id, user_id, csrf, expires_at FROM web_sessions
-               WHERE id_hash = ? AND expires_at > ?""",
+            """SELECT s.id, s.user_id, s.csrf, s.expires_at, s.key_id FROM web_sessions s
+               LEFT JOIN api_keys k ON k.id = s.key_id
+               WHERE s.id_hash = ? AND s.expires_at > ?
+                 AND (s.key_id IS NULL OR (k.id IS NOT NULL AND k.revoked_at IS NULL))""",
             [hash_key(secret), utc_now()],
         ).fetchone()
         return None if row is None else SessionRecord(*row)
