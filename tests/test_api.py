@@ -230,6 +230,7 @@ def test_refusals_before_the_start_are_envelopes(daemon: Daemon, install: dict[s
             f"/api/v2/apps/installs/{iid}/tools/score_offer/run",
             daemon.admin_key,
             content=b"{not json",
+            headers={"content-type": "application/json"},
         ),
         400,
         "INVALID_BODY",
@@ -388,13 +389,28 @@ def test_every_route_answers_errors_in_the_envelope(daemon: Daemon) -> None:
             approvalId="apr_x",
             workspaceId="ws_x",
             keyId="key_x",
+            userId="usr_x",
         )
         allowed = {o.method for o in OPS if o.path == op.path}
         wrong = next(m for m in ("PATCH", "DELETE", "PUT") if m not in allowed)
         envelope(daemon.call(wrong, path), 405)
+        params = {"workspaceId": daemon.workspace_id}
+        if op.method != "GET":  # a cross-site form's body, even with a valid key
+            form = daemon.call(
+                op.method,
+                path,
+                daemon.admin_key,
+                params=params,
+                content=b'{"a": 1}',
+                headers={"content-type": "text/plain"},
+            )
+            if op.body is not None:
+                envelope(form, 415, "CONTENT_TYPE_NOT_JSON")
+            else:
+                envelope(form, 400, "BODY_NOT_ALLOWED")
         if op.authenticated:
-            response = daemon.call(op.method, path, params={"workspaceId": daemon.workspace_id})
-            envelope(response, 401)
+            body = {} if op.body is not None else None
+            envelope(daemon.call(op.method, path, params=params, json=body), 401)
     envelope(daemon.call("GET", "/api/v2/nothing/here"), 404)
     envelope(daemon.call("GET", "/nothing/here"), 404)
     page = daemon.call("GET", "/")  # the Manage page

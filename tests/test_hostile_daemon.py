@@ -232,7 +232,14 @@ def test_deploy_files_are_read_one_by_one_with_every_json_form_and_every_refusal
     url, params = "/api/v2/apps/deploy", {"workspaceId": daemon.workspace_id}
 
     def post(body: str) -> httpx.Response:
-        return daemon.call("POST", url, daemon.admin_key, params=params, content=body.encode())
+        return daemon.call(
+            "POST",
+            url,
+            daemon.admin_key,
+            params=params,
+            content=body.encode(),
+            headers={"content-type": "application/json"},
+        )
 
     escaped = post(plain.replace("/", "\\/"))  # "\/" is JSON for "/"
     assert escaped.status_code == 201, escaped.text

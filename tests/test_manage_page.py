@@ -343,7 +343,7 @@ def test_a_forged_request_without_the_csrf_token_is_refused(
         headers={"Content-Type": "application/x-www-form-urlencoded"},
         data="confirm=yes",
     )
-    assert as_form.status == 403
+    assert as_form.status == 400  # a route that takes no body refuses one, before all else
     names = daemon.call("GET", f"/api/v2/apps/installs/{install}/secrets", daemon.admin_key).text
     assert "FORGED" not in names
 

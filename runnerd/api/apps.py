@@ -42,7 +42,7 @@ from runnerd.constants import (
     MAX_TOOLS_PER_APP,
 )
 from runnerd.store import AppRecord, InstallRecord, Store, VersionRecord
-from runnerd.upload.bundle import Bundle
+from runnerd.upload.bundle import MAX_BUNDLE_FILES, Bundle
 from runnerd.upload.deploy import check_upload
 
 __all__ = ["OPS"]
@@ -52,6 +52,9 @@ DEPLOY_LIMIT = (
     MAX_MANIFEST_BYTES + MAX_TOOLS_PER_APP * (MAX_SOURCE_BYTES + MAX_TOOL_YAML_BYTES)
 ) * 4 // 3 + 1024 * 1024
 SMALL_BODY = 16 * 1024
+# The strings and brackets a deploy body may hold: a path and a content per file, for
+# twice the files a bundle may hold (more than that is refused with the bundle's reason).
+DEPLOY_TOKENS = 2 * 2 * MAX_BUNDLE_FILES + 8
 
 
 def _version_info(store: Store, v: VersionRecord) -> VersionInfo:
@@ -141,7 +144,8 @@ async def deploy(request: Request, state: AppState) -> Response:
     assert workspace_id is not None
     caller = await caller_of(request, state, "apps:write")
     await caller.member(state.store, workspace_id, role="builder")
-    body = await read_body(request, _UnreadFiles, DEPLOY_LIMIT)
+    # Its keys are found without building its strings (a repeated path is refused).
+    body = await read_body(request, _UnreadFiles, DEPLOY_LIMIT, sparse_tokens=DEPLOY_TOKENS)
     engine = state.engine
 
     def check() -> Bundle:

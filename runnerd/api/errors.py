@@ -19,7 +19,7 @@ from runnerd.metrics import METRICS
 __all__ = ["ApiError", "code_for_status", "error_response", "from_domain"]
 
 # code -> (HTTP status, default message): the List App Tools codes, plus what the
-# management API adds (405, 409).
+# management API adds (405, 409, 415).
 CODES: dict[str, tuple[int, str]] = {
     "BAD_REQUEST": (400, "Invalid request"),
     "UNAUTHORIZED": (401, "Authentication required"),
@@ -27,6 +27,7 @@ CODES: dict[str, tuple[int, str]] = {
     "NOT_FOUND": (404, "Not found"),
     "METHOD_NOT_ALLOWED": (405, "Method not allowed"),
     "CONFLICT": (409, "Conflict"),
+    "UNSUPPORTED_MEDIA_TYPE": (415, "Content-Type must be application/json"),
     "RATE_LIMITED": (429, "API rate limit exceeded"),
     "INTERNAL_ERROR": (500, "Internal server error"),
     "SERVICE_UNAVAILABLE": (503, "Service temporarily unavailable"),

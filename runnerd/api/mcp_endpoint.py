@@ -4,6 +4,11 @@ The SDK and its protocol types are most of the daemon's memory and start-up time
 30 MB of RSS and 0.4 s of imports here), and many installs never speak MCP. The SDK is
 imported in a thread, so the event loop keeps answering meanwhile; its session manager
 runs in a task of the daemon's lifespan (``serve``), which it must enter and leave.
+
+Before the SDK sees a request, its body is checked as the API's are (api/ops.py): a
+POST is JSON-RPC, so ``application/json``, bounded, at most MAX_JSON_DEPTH levels around
+a tool's input, and no key twice in one object; a DELETE sends no body. The body read
+for that is handed on to the SDK as it came.
 """
 
 from __future__ import annotations
@@ -12,15 +17,88 @@ import asyncio
 import importlib
 from typing import TYPE_CHECKING
 
-from starlette.types import Receive, Scope, Send
+from starlette.datastructures import Headers
+from starlette.types import Message, Receive, Scope, Send
 
 from runnerd.api.errors import ApiError, error_response
+from runnerd.api.ops import DECODE_INLINE_BYTES, refuse_repeated_keys, require_json
+from runnerd.checks.nesting import nesting_over
+from runnerd.constants import MAX_INPUT_BYTES, MAX_JSON_DEPTH
 
 if TYPE_CHECKING:
     from runnerd.api.mcp import McpGateway
     from runnerd.api.state import AppState
 
 __all__ = ["McpEndpoint"]
+
+# A JSON-RPC message: a tool's input (256 KB) as JSON, every byte escaped, and the rest.
+MCP_BODY_LIMIT = MAX_INPUT_BYTES * 2 + 4096
+# A tools/call nests the input two levels down: {"params": {"arguments": input}}.
+_MCP_DEPTH = MAX_JSON_DEPTH + 2
+
+
+class _Disconnected(Exception):
+    """The client went away while sending its body: there is no one to answer."""
+
+
+async def _read(receive: Receive, limit: int) -> bytes:
+    """The request body, refused (400) once it is longer than ``limit`` bytes."""
+    data = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        data += message.get("body", b"")
+        if len(data) > limit:
+            if limit == 0:
+                raise ApiError(
+                    "BAD_REQUEST",
+                    "this /mcp request takes no body; send none",
+                    details={"code": "BODY_NOT_ALLOWED"},
+                )
+            raise ApiError(
+                "BAD_REQUEST",
+                f"request body is larger than {limit:,} bytes",
+                details={"code": "BODY_TOO_LARGE"},
+            )
+        if not message.get("more_body", False):
+            return bytes(data)
+
+
+def _check_json_rpc(raw: bytes) -> None:
+    if nesting_over(raw, _MCP_DEPTH) is not None:
+        raise ApiError(
+            "BAD_REQUEST",
+            f"request body is nested deeper than {MAX_JSON_DEPTH} levels around the input",
+            details={"code": "INVALID_BODY"},
+        )
+    refuse_repeated_keys(raw)  # not JSON: the SDK answers with a JSON-RPC parse error
+
+
+async def _checked(scope: Scope, receive: Receive) -> Receive:
+    """``receive`` for the SDK, once the request's body passed the checks: the body as
+    it came, then whatever the client sends next (its disconnect)."""
+    if scope["method"] not in ("POST", "DELETE"):
+        return receive  # a GET is the event stream: it sends nothing, and reads on
+    if scope["method"] == "POST":
+        require_json(Headers(scope=scope))
+        body = await _read(receive, MCP_BODY_LIMIT)
+        if len(body) <= DECODE_INLINE_BYTES:
+            _check_json_rpc(body)
+        else:
+            await asyncio.to_thread(_check_json_rpc, body)
+    else:
+        body = await _read(receive, 0)
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 class McpEndpoint:
@@ -68,6 +146,13 @@ class McpEndpoint:
         if self._stop.is_set() and not self.loaded:  # the daemon is stopping
             unavailable = ApiError("SERVICE_UNAVAILABLE", "runnerd is stopping")
             await error_response(unavailable)(scope, receive, send)
+            return
+        try:
+            receive = await _checked(scope, receive)
+        except ApiError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        except _Disconnected:
             return
         gateway = await self._loaded()
         await gateway(scope, receive, send)

@@ -25,6 +25,7 @@ _STATUS_TEXT = {
     403: "Forbidden",
     404: "Not found",
     409: "Conflict",
+    415: "Content-Type is not application/json",
     429: "Rate limited",
     500: "Internal error",
     503: "Service unavailable",
@@ -75,7 +76,9 @@ def openapi_document(ops: list[Op]) -> dict[str, Any]:
                 "description": _STATUS_TEXT.get(status, "Accepted"),
                 "content": {"application/json": {"schema": ref[kind]}},
             }
-        for status in op.errors:
+        # Every operation with a body refuses any other Content-Type (api/app.py).
+        statuses = (*op.errors, 415) if op.body is not None else op.errors
+        for status in statuses:
             response: dict[str, Any] = {"description": _STATUS_TEXT[status], "content": error}
             if status in (429, 503):
                 response["headers"] = {
