@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import socket
 import time
 from types import FrameType
@@ -20,11 +21,25 @@ from types import FrameType
 import uvicorn
 from starlette.applications import Starlette
 
+from runnerd.api.connections import ConnectionLimits, protocol_class
 from runnerd.config import Settings
 
-__all__ = ["sd_notify", "serve"]
+__all__ = ["raise_open_files", "sd_notify", "serve"]
 
 log = logging.getLogger("runnerd")
+
+# The open-file limit the daemon raises its soft limit to (never past the hard limit):
+# each HTTP connection, each jail (4 pipes), each egress connection (2) and the store
+# hold descriptors; 1024, a common default, ran out at 1,000 connections. Not higher:
+# children (nsjail, node) inherit it, and some close every descriptor up to it.
+OPEN_FILES = 65_536
+# asyncio accepts up to `backlog` connections at each wake of the port, and sets each one
+# up before anything else runs: with 2,048, a flood of 1,500 connections held kept-alive
+# /healthz answers up to 110-165 ms, with 64 up to 45-80 ms. So asyncio gets the small
+# batch, and the kernel's queue of connections not yet accepted is made long again after
+# (the kernel caps it at net.core.somaxconn).
+ACCEPT_BATCH = 64
+LISTEN_BACKLOG = 2048
 
 
 def sd_notify(message: str) -> bool:
@@ -52,6 +67,10 @@ class _Server(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        for server in getattr(self, "servers", []):
+            for listener in server.sockets:  # asyncio listened with ACCEPT_BATCH: more room
+                with listener.dup() as sock:
+                    sock.listen(LISTEN_BACKLOG)
         if not self.should_exit:  # the lifespan ran: the store is open, warm jails are up
             sd_notify(f"READY=1\nSTATUS=serving on {self.config.host}:{self.config.port}")
 
@@ -81,7 +100,41 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
+def raise_open_files(settings: Settings) -> int:
+    """Raise RLIMIT_NOFILE's soft limit to OPEN_FILES (or the hard limit, if lower; never
+    lower it), log it, and warn when it leaves too few for the connection caps; the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = OPEN_FILES if hard == resource.RLIM_INFINITY else min(OPEN_FILES, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("open files: cannot raise the limit from %d to %d: %s", soft, target, exc)
+        else:
+            log.info("open files: limit raised from %d to %d (hard limit %d)", soft, target, hard)
+            soft = target
+    else:
+        log.info("open files: limit %d (hard limit %d)", soft, hard)
+    runs = settings.max_concurrent_runs + settings.warm_jails * 2
+    needed = settings.http_max_connections + 256 + runs * (4 + 2 * settings.egress_max_connections)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "open files: the limit %d is below the %d the settings may use "
+            "(http_max_connections, runs and their egress); raise LimitNOFILE or lower them",
+            soft,
+            needed,
+        )
+    return soft
+
+
 def serve(app: Starlette, settings: Settings) -> None:
+    raise_open_files(settings)
+    limits = ConnectionLimits(
+        header_timeout_s=settings.http_header_timeout_s,
+        body_timeout_s=settings.http_body_timeout_s,
+        per_client=settings.http_max_connections_per_client,
+        total=settings.http_max_connections,
+    )
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -90,7 +143,12 @@ def serve(app: Starlette, settings: Settings) -> None:
         log_config=None,  # runnerd.logs configured every logger, uvicorn's too
         # Measured (docs/BENCHMARKS.md): httptools parses a request ~0.1 ms faster than h11;
         # uvloop made calls slower (its child processes), so never pick it up by chance.
-        http="httptools",
+        # Its httptools protocol with a deadline for request heads and bodies and caps on
+        # connections (runnerd/api/connections.py). Not uvicorn's limit_concurrency: it
+        # answers every request 503 past N connections, /healthz too, so slow clients
+        # would shut everyone out. Its keep-alive timeout (5 s) stays.
+        http=protocol_class(limits),
+        backlog=ACCEPT_BATCH,
         loop="asyncio",
         timeout_graceful_shutdown=2,  # runs had their grace already: end open requests
     )
