@@ -62,17 +62,24 @@ export interface AppClientOptions {
   app?: string | null;
   /** opt-in retries on 429 and 503, honouring Retry-After, with one idempotency key */
   retries?: number;
+  /** a fetch of your own; it must honour `redirect: 'manual'` (the SDK follows redirects
+   * itself, only within the daemon's origin: a fetch that follows one on its own has sent
+   * the key already, and its answer from another origin is refused) */
   fetch?: typeof fetch;
 }
 
 export declare class AppBridgeError extends Error {
   readonly name: 'AppBridgeError';
   /** the envelope's code: BAD_REQUEST, UNAUTHORIZED, FORBIDDEN, NOT_FOUND, RATE_LIMITED,
-   * INTERNAL_ERROR, SERVICE_UNAVAILABLE; UNAVAILABLE when the daemon cannot be reached */
+   * INTERNAL_ERROR, SERVICE_UNAVAILABLE; UNAVAILABLE when the daemon cannot be reached;
+   * REDIRECT_REFUSED for a redirect the SDK does not follow (nothing was sent to its target) */
   readonly code: string;
   /** details.code, the precise reason: INVALID_INPUT, INPUT_TOO_LARGE, budget_exhausted,
-   * INSUFFICIENT_WORKSPACE_ROLE, WORKSPACE_KEY_NOT_ALLOWED, TOOL_NOT_FOUND... */
+   * INSUFFICIENT_WORKSPACE_ROLE, WORKSPACE_KEY_NOT_ALLOWED, TOOL_NOT_FOUND...; for
+   * REDIRECT_REFUSED: CROSS_ORIGIN_REDIRECT (details.origin names the target's origin),
+   * REDIRECT_CHANGES_METHOD, TOO_MANY_REDIRECTS, BAD_REDIRECT, OPAQUE_REDIRECT (a browser) */
   readonly reason: string;
+  /** the HTTP status; 0 when the daemon could not be reached, or for a browser's opaque redirect */
   readonly status: number;
   readonly details: Record<string, unknown>;
   readonly retryAfter: number | null;

@@ -6,9 +6,16 @@
 //
 // A run that started resolves, whatever its status (succeeded, failed, timed_out); every
 // refusal before the tool starts rejects with an AppBridgeError.
+//
+// The API key and the input never go to another origin: fetch runs with redirect 'manual',
+// and the SDK itself follows a redirect only within the daemon's origin (scheme, host and
+// port, as the URL parser fetch uses reads them), at most MAX_REDIRECTS hops. Any other
+// rejects with code REDIRECT_REFUSED before anything is sent to its target.
 
 const RETRYABLE = new Set([429, 503]);
 const MAX_RETRY_WAIT_MS = 30000;
+const MAX_REDIRECTS = 5; // same-origin hops one request follows (a proxy's path rewrite, not a loop)
+const REDIRECTS = new Set([301, 302, 303, 307, 308]); // the statuses fetch treats as redirects
 
 export class AppBridgeError extends Error {
   constructor({ code, reason, status, message, details = {}, retryAfter = null }) {
@@ -56,6 +63,68 @@ function unavailable(err) {
   });
 }
 
+function redirectRefused(status, reason, message, details = {}) {
+  return new AppBridgeError({ code: 'REDIRECT_REFUSED', reason, status, message,
+    details: { code: reason, ...details } });
+}
+
+function parsed(value, base) {
+  try {
+    return new URL(value, base);
+  } catch {
+    return null;
+  }
+}
+
+// The origin a URL connects to, for messages: fetch's own for http(s), the scheme else
+// (data:, javascript:, file:... have the opaque origin 'null').
+function shownOrigin(url) {
+  return url.origin === 'null' ? url.protocol : url.origin;
+}
+
+// The URL a same-origin redirect asks for (307 and 308 keep the method and body; 301, 302
+// and 303 only for a GET); null when the response is no redirect. Throws an AppBridgeError
+// for any other redirect. Sends nothing: the caller fetches the very URL compared here.
+function nextHop(response, current, origin, method, hops) {
+  if (response.type === 'opaqueredirect') {
+    // A browser hides a redirect's target from a 'manual' fetch: it cannot be checked.
+    throw redirectRefused(0, 'OPAQUE_REDIRECT', 'the daemon answered with a redirect whose '
+      + 'target the browser hides; not followed: give getAppClient the final URL');
+  }
+  const landed = response.redirected ? parsed(String(response.url)) : null;
+  if (response.redirected && (landed === null || landed.origin !== origin)) {
+    // A custom fetch that ignored redirect 'manual' and followed: never use another
+    // origin's answer (the request has gone, but its answer is not believed).
+    const shown = landed === null ? 'an unknown URL' : shownOrigin(landed).slice(0, 200);
+    throw redirectRefused(response.status, 'CROSS_ORIGIN_REDIRECT', `${origin} was redirected `
+      + `to ${shown} by a fetch that ignores redirect 'manual'; its answer is not used`,
+    { origin: shown });
+  }
+  const location = response.headers.get('location');
+  if (!REDIRECTS.has(response.status) || location === null) return null;
+  const target = parsed(location, current);
+  if (target === null) {
+    throw redirectRefused(response.status, 'BAD_REDIRECT',
+      `a redirect (${response.status}) to a Location that is no URL; not followed`);
+  }
+  if (target.origin !== origin || target.origin === 'null') {
+    const shown = shownOrigin(target).slice(0, 200);
+    throw redirectRefused(response.status, 'CROSS_ORIGIN_REDIRECT', `${origin} redirected `
+      + `(${response.status}) to another origin, ${shown}; not followed: the API key and the `
+      + 'input were not sent there', { origin: shown });
+  }
+  if (method !== 'GET' && [301, 302, 303].includes(response.status)) {
+    throw redirectRefused(response.status, 'REDIRECT_CHANGES_METHOD', `a redirect `
+      + `(${response.status}) would turn the ${method} into a GET without its input; not `
+      + 'followed (307 and 308 keep them)');
+  }
+  if (hops >= MAX_REDIRECTS) {
+    throw redirectRefused(response.status, 'TOO_MANY_REDIRECTS',
+      `more than ${MAX_REDIRECTS} redirects; not followed`, { hops });
+  }
+  return target;
+}
+
 function sleep(ms, signal) {
   return new Promise((resolve, reject) => {
     const timer = setTimeout(resolve, ms);
@@ -79,12 +148,22 @@ export function getAppClient({ url, apiKey, workspaceId, app = null, retries = 0
   const base = url.replace(/\/+$/, '');
   const doFetch = fetchImpl || globalThis.fetch.bind(globalThis);
 
+  // The answer to path, after the same-origin redirects nextHop allows.
   async function send(path, init, signal) {
-    try {
-      return await doFetch(`${base}${path}`, { ...init, signal });
-    } catch (err) {
-      if (signal && signal.aborted) throw err;
-      throw unavailable(err);
+    let url = null;
+    for (let hops = 0; ; hops += 1) {
+      let response;
+      try {
+        url = url || new URL(`${base}${path}`);
+        response = await doFetch(url.href, { ...init, signal, redirect: 'manual' });
+      } catch (err) {
+        if (signal && signal.aborted) throw err;
+        throw unavailable(err);
+      }
+      const target = nextHop(response, url, new URL(base).origin, init.method || 'GET', hops);
+      if (target === null) return response;
+      await response.body?.cancel().catch(() => {}); // free the connection for the next hop
+      url = target;
     }
   }
 

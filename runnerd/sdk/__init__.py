@@ -13,6 +13,11 @@ envelope's ``code``, the precise ``reason`` (``details.code``: ``INVALID_INPUT``
 ``budget_exhausted``, ``INSUFFICIENT_WORKSPACE_ROLE``...), the HTTP ``status``, the
 ``details`` and ``retry_after`` (seconds, for 429 and 503). ``AsyncAppClient`` is the
 same for asyncio. This module needs only httpx: none of the daemon's parts.
+
+Neither client sends the API key or an input to another origin: a redirect is followed
+only within the daemon's own origin (scheme, host and port), at most ``MAX_REDIRECTS``
+hops; any other raises ``AppBridgeError`` (code ``REDIRECT_REFUSED``) before anything is
+sent to its target.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ __all__ = ["AppBridgeError", "AppClient", "AsyncAppClient", "RunResult", "ToolIn
 
 RETRYABLE = (429, 503)
 MAX_RETRY_WAIT_S = 30.0
+MAX_REDIRECTS = 5  # same-origin hops one request follows (a proxy's path rewrite, not a loop)
+_REDIRECTS = (301, 302, 303, 307, 308)  # the statuses httpx and fetch treat as redirects
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class AppBridgeError(Exception):
@@ -187,6 +195,94 @@ class _Base:
         return [t for t in tools if self.app is None or t.app_slug == self.app]
 
 
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    """The origin ``url`` connects to: scheme, host as sent (IDNA, lower case; a trailing
+    dot kept, since DNS reads ``name.`` without search domains), port with its default."""
+    host = url.raw_host.decode("ascii").lower()
+    return url.scheme, host, url.port or _DEFAULT_PORTS.get(url.scheme)
+
+
+def _shown(origin: tuple[str, str, int | None]) -> str:
+    scheme, host, port = origin
+    if not host:
+        return f"{scheme}:"  # data:, javascript:, file:... have no host to name
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}" + (f":{port}" if port is not None else "")
+
+
+def _redirect_refused(
+    response: httpx.Response, reason: str, message: str, **details: Any
+) -> AppBridgeError:
+    return AppBridgeError(
+        "REDIRECT_REFUSED", reason, response.status_code, message, {"code": reason, **details}
+    )
+
+
+def _target(response: httpx.Response) -> httpx.URL | None:
+    """Where a redirect points, resolved against its request, when that is the request's
+    own origin (so, hop by hop, the client's); None when ``response`` is no redirect.
+
+    Raises AppBridgeError (code ``REDIRECT_REFUSED``) for a target of another origin
+    (``CROSS_ORIGIN_REDIRECT``, naming that origin, never the key or the target's path)
+    or a Location that is no URL (``BAD_REDIRECT``). Sends nothing. It is also the
+    clients' httpx response hook: httpx builds a redirect's next request even when it
+    follows none, and a hostile Location would raise from inside httpx first."""
+    location = response.headers.get("location")
+    if response.status_code not in _REDIRECTS or location is None:
+        return None
+    try:
+        target = response.request.url.join(location)
+        origin = _origin(target)
+    except (httpx.InvalidURL, UnicodeError):
+        message = f"a redirect ({response.status_code}) to a Location that is no URL"
+        raise _redirect_refused(response, "BAD_REDIRECT", f"{message}; not followed") from None
+    here = _origin(response.request.url)
+    if origin != here or target.scheme not in _DEFAULT_PORTS:
+        shown = _shown(origin)[:200]
+        message = (
+            f"{_shown(here)} redirected ({response.status_code}) to another origin, {shown}; "
+            "not followed: the API key and the input were not sent there"
+        )
+        raise _redirect_refused(response, "CROSS_ORIGIN_REDIRECT", message, origin=shown)
+    return target
+
+
+async def _target_async(response: httpx.Response) -> None:
+    _target(response)
+
+
+def _next_hop(response: httpx.Response, hops: int) -> httpx.Request | None:
+    """The request a same-origin redirect asks for, with the same method, headers and
+    body (307 and 308; 301, 302 and 303 of a GET); None when ``response`` is no redirect.
+
+    Raises AppBridgeError (code ``REDIRECT_REFUSED``) as ``_target`` does, and for a 301,
+    302 or 303 of a POST, which would drop the input (``REDIRECT_CHANGES_METHOD``), or a
+    hop past MAX_REDIRECTS (``TOO_MANY_REDIRECTS``). Sends nothing: the caller sends the
+    request returned, so the URL checked is the URL connected to."""
+    target = _target(response)
+    if target is None:
+        return None
+    request = response.request
+    if request.method != "GET" and response.status_code in (301, 302, 303):
+        message = (
+            f"a redirect ({response.status_code}) would turn the {request.method} into a GET "
+            "without its input; not followed (307 and 308 keep them)"
+        )
+        raise _redirect_refused(response, "REDIRECT_CHANGES_METHOD", message)
+    if hops >= MAX_REDIRECTS:
+        message = f"more than {MAX_REDIRECTS} redirects; not followed"
+        raise _redirect_refused(response, "TOO_MANY_REDIRECTS", message, hops=hops)
+    headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() != "host"]
+    # The same headers and body; the extensions carry the timeout.
+    return httpx.Request(
+        request.method,
+        target,
+        headers=headers,
+        content=request.content,
+        extensions=request.extensions,
+    )
+
+
 def _unavailable(exc: httpx.HTTPError) -> AppBridgeError:
     return AppBridgeError(
         "UNAVAILABLE", "connection_failed", 0, f"cannot reach runnerd: {exc}", {}, None
@@ -211,7 +307,13 @@ class AppClient(_Base):
         timeout: float = 330.0,
     ) -> None:
         super().__init__(url, api_key, workspace_id, app, retries=retries, timeout=timeout)
-        self._http = httpx.Client(base_url=self.url, timeout=self.timeout)
+        # Redirects are followed by _send alone, which checks each target's origin first.
+        self._http = httpx.Client(
+            base_url=self.url,
+            timeout=self.timeout,
+            follow_redirects=False,
+            event_hooks={"response": [_target]},
+        )
 
     def __enter__(self) -> AppClient:
         return self
@@ -222,64 +324,93 @@ class AppClient(_Base):
     def close(self) -> None:
         self._http.close()
 
-    def run_tool(self, name: str, input: Any, idempotency_key: str | None = None) -> RunResult:
-        path, body, headers = self._run_request(name, input, idempotency_key)
-        attempt = 0
+    def _send(self, request: httpx.Request) -> httpx.Response:
+        """``request``'s answer, after the same-origin redirects ``_next_hop`` allows."""
+        hops = 0
         while True:
             try:
-                response = self._http.post(
-                    path, json=body, headers=headers, params={"workspaceId": self.workspace_id}
-                )
+                response = self._http.send(request)
             except httpx.HTTPError as exc:
                 raise _unavailable(exc) from exc
-            settled = self._settle(response, attempt)
+            following = _next_hop(response, hops)
+            if following is None:
+                return response
+            request, hops = following, hops + 1
+
+    def run_tool(self, name: str, input: Any, idempotency_key: str | None = None) -> RunResult:
+        path, body, headers = self._run_request(name, input, idempotency_key)
+        params = {"workspaceId": self.workspace_id}
+        attempt = 0
+        while True:
+            request = self._http.build_request(
+                "POST", path, json=body, headers=headers, params=params
+            )
+            settled = self._settle(self._send(request), attempt)
             if isinstance(settled, RunResult):
                 return settled
             time.sleep(settled)
             attempt += 1
 
     def list_tools(self) -> list[ToolInfo]:
+        request = self._http.build_request(
+            "GET",
+            "/api/v2/apps/tools",
+            params={"workspaceId": self.workspace_id},
+            headers={"X-API-Key": self.api_key},
+        )
+        return self._tools(self._send(request))
+
+
+async def _send_async(http: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    """``request``'s answer, after the same-origin redirects ``_next_hop`` allows."""
+    hops = 0
+    while True:
         try:
-            response = self._http.get(
-                "/api/v2/apps/tools",
-                params={"workspaceId": self.workspace_id},
-                headers={"X-API-Key": self.api_key},
-            )
+            response = await http.send(request)
         except httpx.HTTPError as exc:
             raise _unavailable(exc) from exc
-        return self._tools(response)
+        following = _next_hop(response, hops)
+        if following is None:
+            return response
+        request, hops = following, hops + 1
 
 
 class AsyncAppClient(_Base):
     """The same calls for asyncio."""
 
+    def _client(self) -> httpx.AsyncClient:
+        # Redirects are followed by _send_async alone, which checks each target's origin.
+        return httpx.AsyncClient(
+            base_url=self.url,
+            timeout=self.timeout,
+            follow_redirects=False,
+            event_hooks={"response": [_target_async]},
+        )
+
     async def run_tool(
         self, name: str, input: Any, idempotency_key: str | None = None
     ) -> RunResult:
         path, body, headers = self._run_request(name, input, idempotency_key)
+        params = {"workspaceId": self.workspace_id}
         attempt = 0
-        async with httpx.AsyncClient(base_url=self.url, timeout=self.timeout) as http:
+        async with self._client() as http:
             while True:
-                try:
-                    response = await http.post(
-                        path, json=body, headers=headers, params={"workspaceId": self.workspace_id}
-                    )
-                except httpx.HTTPError as exc:
-                    raise _unavailable(exc) from exc
-                settled = self._settle(response, attempt)
+                request = http.build_request(
+                    "POST", path, json=body, headers=headers, params=params
+                )
+                settled = self._settle(await _send_async(http, request), attempt)
                 if isinstance(settled, RunResult):
                     return settled
                 await asyncio.sleep(settled)
                 attempt += 1
 
     async def list_tools(self) -> list[ToolInfo]:
-        try:
-            async with httpx.AsyncClient(timeout=self.timeout) as http:
-                response = await http.get(
-                    f"{self.url}/api/v2/apps/tools",
-                    params={"workspaceId": self.workspace_id},
-                    headers={"X-API-Key": self.api_key},
-                )
-        except httpx.HTTPError as exc:
-            raise _unavailable(exc) from exc
+        async with self._client() as http:
+            request = http.build_request(
+                "GET",
+                "/api/v2/apps/tools",
+                params={"workspaceId": self.workspace_id},
+                headers={"X-API-Key": self.api_key},
+            )
+            response = await _send_async(http, request)
         return self._tools(response)
