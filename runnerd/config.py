@@ -81,6 +81,12 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # of the database.
     secrets_key: str | None = None
     secrets_key_file: Path | None = None
+    # The audit trail's chain key (HMAC-SHA256), kept out of the database: as base64
+    # (audit_key), else a 0600 key file (default <data_dir>/audit.key, created on first
+    # use: derived from the secrets key when there is one, so nodes sharing a secrets key
+    # share it; random otherwise). Every node of a cluster needs the same one.
+    audit_key: str | None = None
+    audit_key_file: Path | None = None
     # A node renews its lease on the database every node_lease_s / 3; when a node has not
     # renewed it for node_lease_s (killed, cut off), another node closes its runs.
     node_lease_s: float = 15.0
@@ -99,6 +105,16 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # On SIGTERM: how long runs already in their jails may go on before they are ended as
     # failed (interrupted); new calls are refused with 503 meanwhile.
     stop_grace_s: int = 30
+    # The HTTP port against slow and many connections (runnerd/api/connections.py): a
+    # request head must arrive whole within http_header_timeout_s of its first byte, and
+    # a body may pause at most http_body_timeout_s between two bytes (else 408). Open
+    # connections per client address (an IPv6 /64 is one) and in all: at a cap, one that
+    # waits on its client (a request under way, then one that sent nothing yet, then an
+    # idle keep-alive) is closed for the new one; 503 only when all are being answered.
+    http_header_timeout_s: float = 10.0
+    http_body_timeout_s: float = 30.0
+    http_max_connections_per_client: int = 256
+    http_max_connections: int = 1024
     # Egress (tools that call other systems, through the daemon's proxy): internal ranges
     # (CIDR) a granted destination may resolve to, which are otherwise refused as
     # private; per run, the connections it may open, the megabytes it may move (both
@@ -111,6 +127,10 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @property
     def secrets_key_path(self) -> Path:
         return self.secrets_key_file or self.data_dir / "secrets.key"
+
+    @property
+    def audit_key_path(self) -> Path:
+        return self.audit_key_file or self.data_dir / "audit.key"
 
     @property
     def toolchain_path(self) -> Path:
@@ -187,7 +207,8 @@ def load_settings(
         merged.update(layer)
     merged.update(_from_env(env))
     merged.update({k: v for k, v in (flags or {}).items() if v is not None})
-    for key in ("data_dir", "toolchain_dir", "cache_dir", "secrets_key_file", "uid_lock_dir"):
+    for key in ("data_dir", "toolchain_dir", "cache_dir", "secrets_key_file", "audit_key_file",
+                "uid_lock_dir"):  # fmt: skip
         if merged.get(key) is not None:
             merged[key] = str(Path(str(merged[key])).expanduser())
     try:
@@ -209,6 +230,12 @@ def load_settings(
         )
     if settings.log_format not in ("text", "json"):
         raise ConfigError(f"invalid setting log_format: {settings.log_format!r} (text or json)")
+    for name in ("http_header_timeout_s", "http_body_timeout_s"):
+        if not 0 < getattr(settings, name) <= 3600:  # NaN fails this too
+            raise ConfigError(f"invalid setting {name}: {getattr(settings, name)} (0 to 3600 s)")
+    for name in ("http_max_connections_per_client", "http_max_connections"):
+        if not 1 <= getattr(settings, name) <= 1_000_000:
+            raise ConfigError(f"invalid setting {name}: {getattr(settings, name)} (1 to 1000000)")
     from runnerd.run.proxy import parse_networks
 
     try:

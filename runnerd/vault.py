@@ -105,13 +105,20 @@ class Vault:
             raise VaultError(f"secret {name} does not decrypt with the configured key") from None
 
 
-def write_key_file(path: Path, key: bytes) -> None:
-    """Write a key file atomically, 0600 from its first byte."""
+def write_key_file(path: Path, key: bytes, *, exclusive: bool = False) -> None:
+    """Write a key file atomically, 0600 from its first byte. ``exclusive``: never replace
+    one that exists (FileExistsError), such as one another process just made."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(path.name + ".tmp")
+    staging = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(base64.b64encode(key).decode() + "\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(staging, path)
+    if not exclusive:
+        os.replace(staging, path)
+        return
+    try:
+        os.link(staging, path)
+    finally:
+        staging.unlink()

@@ -86,7 +86,8 @@ class Daemon:
 
     def store(self) -> Store:
         url = self.env.get("RUNNERD_DATABASE_URL")
-        return Store(url) if url else Store.in_data_dir(self.data_dir)
+        # The daemon's audit key (in its data dir): what this store appends verifies.
+        return Store(url, audit_dir=self.data_dir) if url else Store.in_data_dir(self.data_dir)
 
     def person(
         self,

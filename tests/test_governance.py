@@ -477,6 +477,28 @@ def test_relay_write_needs_an_approver_and_denials_are_audited(
     assert first["approvalId"] in [a["approvalId"] for a in listed["data"]]
 
 
+def test_an_approval_does_not_run_for_a_person_who_lost_the_right_to_run(
+    gov: tuple[Daemon, dict[str, Any]],
+) -> None:
+    """A relay call waits; its asker is demoted to viewer meanwhile: approving it is
+    refused (the run would be theirs), the approval stays pending, and nothing runs."""
+    d, install = gov
+    iid = install["installId"]
+    asker = d.person("demoted@example.com")
+    held = d.run(iid, "send", {"to": "z"}, key=asker, surface="relay").json()
+    store = d.store()
+    asker_id = store.ensure_user("demoted@example.com").id
+    store.set_membership(d.workspace_id, asker_id, role="viewer", apps_access=True)
+    store.close()
+    approve = f"/api/v2/approvals/{held['approvalId']}/approve"
+    envelope(d.call("POST", approve, d.admin_key), 409, "ASKER_NO_LONGER_ALLOWED")
+    listed = d.call(
+        "GET", "/api/v2/approvals", d.admin_key, params={"workspaceId": d.workspace_id}
+    ).json()["data"]
+    found = next(a for a in listed if a["approvalId"] == held["approvalId"])
+    assert found["status"] == "pending" and found["runId"] is None
+
+
 def test_approvals_expire_and_cannot_be_released(toolchain_dir: Path, tmp_path: Path) -> None:
     with running_daemon(toolchain_dir, approval_ttl_s="1") as d:
         iid = d.ship(gov_app(tmp_path))["installId"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import gc
 import logging
 import os
@@ -27,7 +28,7 @@ from runnerd.api.errors import ApiError, code_for_status, error_response, from_d
 from runnerd.api.limits import RateLimiter
 from runnerd.api.mcp_endpoint import McpEndpoint
 from runnerd.api.monitoring import metrics, watch
-from runnerd.api.ops import Op
+from runnerd.api.ops import Op, refuse_body, require_json
 from runnerd.api.routes import OPS
 from runnerd.api.state import AppState
 from runnerd.calls import Calls
@@ -48,8 +49,16 @@ log = logging.getLogger("runnerd")
 
 
 def _endpoint(op: Op) -> Any:
+    changes_state = op.method != "GET"
+
     async def endpoint(request: Request) -> Response:
         try:
+            # Before anything else: what changes state takes a JSON body (415 for any
+            # other type, so no cross-site form gets in), or none at all.
+            if op.body is not None:
+                require_json(request.headers)
+            elif changes_state:
+                await refuse_body(request)
             return await op.handler(request, request.app.state.runnerd)
         except ApiError as exc:
             return error_response(exc)
@@ -118,8 +127,16 @@ async def _keep_lease(store: Store, calls: Calls, lease_s: float) -> None:
             closed = await store.io(store.recover_lost_nodes)
             if closed:
                 log.warning("closed %d run(s) of a node that stopped answering", len(closed))
+            await store.io(store.checkpoint_audit)
         except Exception as exc:
             log.error("node lease upkeep failed: %s", type(exc).__name__)
+
+
+async def _current_egress(store: Store, install_id: str) -> tuple[str, ...] | None:
+    """An install's egress grant as stored now (None once it is uninstalled): the proxy
+    reads it at each connection of the install's runs, so a narrowing on any node holds."""
+    install = await store.io(store.get_install, install_id)
+    return None if install is None else install.egress
 
 
 async def _expire_approvals(calls: Calls) -> None:
@@ -154,6 +171,13 @@ def create_app(settings: Settings) -> Starlette:
                 settings.data_dir,
                 settings.data_dir,
             )
+        if not store.audit_key_matches():
+            log.error(
+                "the audit trail's newest entry does not verify under this node's audit key "
+                "(%s): another key wrote it (give every node the same audit_key or "
+                "audit_key_file), or the trail was changed; run `runnerd audit verify`",
+                settings.audit_key_path,
+            )
         vault = Vault.from_settings(settings.secrets_key, settings.secrets_key_path)
         sealed_with = store.secret_key_ids()
         if sealed_with:  # runs will open secrets: load the cipher now, not in a call
@@ -177,6 +201,8 @@ def create_app(settings: Settings) -> Starlette:
                 len(interrupted),
             )
         calls = Calls.from_settings(settings, store=store, runner=engine.runner, vault=vault)
+        if engine.sandbox.proxy is not None:  # a revoked grant stops runs already going
+            engine.sandbox.proxy.follow_grants(functools.partial(_current_egress, store))
         app.state.runnerd = AppState(
             settings=settings,
             store=store,

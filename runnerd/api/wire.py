@@ -286,7 +286,15 @@ class EgressUse(_Wire, omit_defaults=True):
     connections: int
     bytes_sent: int
     bytes_received: int
-    refused: Literal["not granted", "private address", "cap reached"] | None = None
+    # Why the proxy refused it, for a destination never reached (run/proxy.py _REASONS).
+    refused: (
+        Literal[
+            "not granted", "private address", "cap reached", "bad request", "no credential",
+            "no such host", "lookups busy", "cannot connect", "authority mismatch",
+            "grant unknown",
+        ]
+        | None
+    ) = None  # fmt: skip
 
 
 class RunInfo(_Wire):
@@ -416,6 +424,10 @@ class AuditVerdict(_Wire, omit_defaults=False):
     ok: bool
     entries: int
     first_break: int | None  # the seq of the first entry whose chain breaks
+    problem: str | None = None  # why it breaks
+    # The newest entry: a checkpoint to keep outside runnerd (`audit verify --checkpoint`).
+    head_seq: int | None = None
+    head_hash: str | None = None
 
 
 class UsageDay(_Wire):

@@ -264,17 +264,46 @@ def cmd_ledger_export(args: argparse.Namespace) -> int:
 
 
 def cmd_audit_verify(args: argparse.Namespace) -> int:
-    checked, broken = _store(args).verify_audit()
+    checkpoint = None
+    if args.checkpoint:
+        seq, _, digest = args.checkpoint.partition(":")
+        if not seq.isdigit() or len(digest) != 64:
+            print("runnerd: --checkpoint is SEQ:HASH, as `audit verify` printed it",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        checkpoint = (int(seq), digest.lower())
+    store = _store(args)
+    try:
+        found = store.audit_verdict(checkpoint)
+        if found.first_break is None:
+            store.checkpoint_audit()
+    finally:
+        store.close()
     if args.json:
-        sys.stdout.write(json.dumps({"entries": checked, "firstBroken": broken}) + "\n")
-    elif broken is None:
-        print(f"audit trail intact: {checked} entries")
-    else:
-        print(
-            f"audit trail BROKEN at entry {broken} (of {checked} read): it or the one "
-            "before it was edited or deleted"
+        sys.stdout.write(
+            json.dumps(
+                {
+                    "entries": found.entries,
+                    "firstBroken": found.first_break,
+                    "problem": found.problem,
+                    "head": None
+                    if found.head_seq is None
+                    else {"seq": found.head_seq, "hash": found.head_hash},
+                }
+            )
+            + "\n"
         )
-    return 0 if broken is None else 1
+    elif found.first_break is None:
+        print(f"audit trail intact: {found.entries} entries")
+        if found.head_seq is not None:
+            print(
+                f"checkpoint {found.head_seq}:{found.head_hash} (keep it elsewhere; "
+                "`runnerd audit verify --checkpoint` compares it later)"
+            )
+    else:
+        print(f"audit trail BROKEN at entry {found.first_break} (of {found.entries} read): "
+              f"{found.problem}")  # fmt: skip
+    return 0 if found.first_break is None else 1
 
 
 def _sqlite_only(settings: Settings, what: str) -> bool:
@@ -323,9 +352,15 @@ def cmd_copy(args: argparse.Namespace) -> int:
         print("runnerd: copy needs a target: --to URL, or the database_url setting",
               file=sys.stderr)  # fmt: skip
         return 2
-    source = Store(source_url, migrate=source_url.startswith("sqlite:"))
+    from runnerd.store.audit import audit_key_of
+
+    # Both chained under this data dir's audit key: the copy verifies as the source did.
+    key, folder = audit_key_of(settings), settings.data_dir
+    source = Store(
+        source_url, migrate=source_url.startswith("sqlite:"), audit_key=key, audit_dir=folder
+    )
     try:
-        target = Store(target_url, migrate=True)
+        target = Store(target_url, migrate=True, audit_key=key, audit_dir=folder)
         try:
             counts = copy_store(source, target)
             checked, broken = target.verify_audit()
@@ -365,7 +400,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
         {"backup": str(target), "bytes": size},
         lambda: print(
             f"backed up {settings.data_dir} to {target} ({size:,} bytes); keep "
-            f"{settings.secrets_key_path.name} apart from it, and safe: secrets need it"
+            f"{settings.secrets_key_path.name} and {settings.audit_key_path.name} apart from "
+            "it, and safe: secrets need the one, `audit verify` the other"
         ),
     )
 
@@ -546,6 +582,11 @@ def register_admin(
 
     audit = group_parser("audit", "the audit trail (local, on the data dir)")
     p = audit.add_parser(
-        "verify", parents=[common], help="check the hash chain; exit 1 at the first broken entry"
+        "verify", parents=[common], help="check the keyed hash chain; exit 1 at the first break"
+    )
+    p.add_argument(
+        "--checkpoint",
+        metavar="SEQ:HASH",
+        help="a checkpoint an earlier verify printed: the entry must still be there, unchanged",
     )
     p.set_defaults(func=cmd_audit_verify)

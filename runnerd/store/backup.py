@@ -107,6 +107,12 @@ def restore(source: Path, data_dir: Path) -> Path | None:
     for suffix in ("-wal", "-shm"):  # the old database's journal must not meet the new one
         with contextlib.suppress(FileNotFoundError):
             db.with_name(DB_FILENAME + suffix).unlink()
+    # The audit checkpoint named the old database's newest entry; a restore goes back to
+    # an older trail on purpose (the old database is kept beside it). The restored trail
+    # is checkpointed when it is next opened.
+    old_head = data_dir / "audit.head"
+    if old_head.exists():
+        old_head.replace(data_dir / f"audit.head.before-restore-{time.strftime('%Y%m%dT%H%M%S')}")
     conn = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
     try:
         _copy(conn, db)

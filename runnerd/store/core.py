@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import secrets
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,6 +39,8 @@ class StoreBase:
     node_id: str | None = None  # set by join(): the node this process serves as
     migrate_from: int = 0
     _workers: ThreadPoolExecutor | None = None
+    audit_key: bytes  # the audit chain's HMAC key (store/audit.py), never in the database
+    audit_head_path: Path | None = None  # where the newest entry is checkpointed
 
     def __init__(
         self,
@@ -45,10 +48,28 @@ class StoreBase:
         *,
         migrate: bool = True,
         connections: int = DB_THREADS,
+        audit_key: bytes | None = None,
+        audit_dir: Path | None = None,
     ) -> None:
         """``migrate``: bring the schema forward now (a SQLite file, a test); else the
         database must be at exactly the schema this runnerd knows. ``connections``:
-        worker threads for ``io`` on PostgreSQL, each with its own connection."""
+        worker threads for ``io`` on PostgreSQL, each with its own connection.
+        ``audit_key``: the audit chain's key, else the one in ``audit_dir`` (a SQLite
+        file's folder by default), where the trail's checkpoint is kept too; a store with
+        neither (a test's database) chains under a key of its own, for its life only."""
+        from runnerd.store.audit import load_audit_key
+
+        if audit_dir is None and isinstance(target, Path):
+            audit_dir = target.parent
+        keyed = audit_key is not None or audit_dir is not None
+        if audit_key is None:
+            audit_key = (
+                load_audit_key(audit_dir / "audit.key")
+                if audit_dir is not None
+                else secrets.token_bytes(32)
+            )
+        self.audit_key = audit_key
+        self.audit_head_path = audit_dir / "audit.head" if audit_dir is not None else None
         if isinstance(target, Path):
             self.db: Database = SQLiteDatabase(target)
         elif isinstance(target, str):
@@ -62,6 +83,8 @@ class StoreBase:
         if migrate:
             self.migrate()
         self._check_schema()
+        if migrate and keyed:  # never re-chain under a key made up for this one store
+            self.upgrade_audit_chain()
         if self.db.dialect == "postgresql":  # threads start on first use
             self._workers = ThreadPoolExecutor(connections, thread_name_prefix="runnerd-db")
 
@@ -110,10 +133,22 @@ class StoreBase:
         url = settings.database_url
         if migrate is None:
             migrate = not url or url.startswith("sqlite:")
-        if url:
-            return cls(url, migrate=migrate, connections=settings.database_connections)
+        from runnerd.store.audit import audit_key_of
+
         settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return cls(settings.data_dir / DB_FILENAME, migrate=migrate)
+        key = audit_key_of(settings)
+        if url:
+            return cls(
+                url,
+                migrate=migrate,
+                connections=settings.database_connections,
+                audit_key=key,
+                audit_dir=settings.data_dir,
+            )
+        return cls(
+            settings.data_dir / DB_FILENAME, migrate=migrate, audit_key=key,
+            audit_dir=settings.data_dir,
+        )  # fmt: skip
 
     @classmethod
     def in_data_dir(cls, data_dir: Path) -> Self:
@@ -124,7 +159,17 @@ class StoreBase:
         """Raise unless the database answers."""
         self.db.execute("SELECT 1").fetchone()
 
+    def upgrade_audit_chain(self) -> int:
+        """Overridden by the audit store (store/audit.py)."""
+        return 0
+
+    def checkpoint_audit(self) -> bool:
+        """Overridden by the audit store (store/audit.py)."""
+        return True
+
     def close(self) -> None:
+        with contextlib.suppress(Exception):  # a database already gone keeps the last one
+            self.checkpoint_audit()
         if self._workers is not None:
             self._workers.shutdown(wait=True)
         self.db.close()
