@@ -18,6 +18,7 @@ __all__ = ["DEFAULT_PORTS", "MAX_EGRESS_ENTRIES", "Destination", "EgressError", 
 DEFAULT_PORTS = (443, 80)  # an entry without a port: HTTPS and HTTP
 MAX_EGRESS_ENTRIES = 100  # runnerd: an app calls a handful of systems, not hundreds
 _LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_NUMERIC = re.compile(r"[0-9]+|0x[0-9a-f]*")  # a last label that makes a name an IPv4 (WHATWG)
 
 
 class EgressError(ValueError):
@@ -51,8 +52,8 @@ def parse(entry: str) -> Destination:
             "(no scheme, path or user)"
         )
     host, port = _split_port(text)
-    try:
-        address = ipaddress.ip_address(host)
+    try:  # "169.254.169.254." is that address too, for every resolver and URL parser
+        address = ipaddress.ip_address(host[:-1] if host.endswith(".") else host)
     except ValueError:
         address = None
     if address is not None:
@@ -64,6 +65,13 @@ def parse(entry: str) -> Destination:
     labels = name.rstrip(".").split(".")
     if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
         raise EgressError(f"{host!r} is not a host name (letters, digits and hyphens per label)")
+    if _NUMERIC.fullmatch(labels[-1]):
+        # 0177.0.0.1, 127.1, 0x7f.1, 2130706433: URL parsers read an IPv4 address in them,
+        # resolvers may read another one or a name; no real host name ends so.
+        raise EgressError(
+            f"{host!r} ends in a number, so programs read it as different IPv4 addresses; "
+            "write an IP address as four decimal numbers (a.b.c.d)"
+        )
     if wildcard and len(labels) < 2:
         raise EgressError("a wildcard needs a domain of two labels or more, such as *.slack.com")
     return Destination(("*." if wildcard else "") + ".".join(labels), port, wildcard=wildcard)

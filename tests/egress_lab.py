@@ -12,6 +12,7 @@ there (names the hosts file does not have are asked of it).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -166,8 +167,11 @@ class LabDns:
     name (an AAAA query for a known name gets no address). ``asked`` lists every name
     it was asked, in order."""
 
-    def __init__(self, address: str, answers: dict[str, str], silent: str) -> None:
-        self.answers, self.silent = answers, silent
+    def __init__(
+        self, address: str, answers: dict[str, str], silent: str, slow: str = "", slow_s: float = 0
+    ) -> None:
+        """``slow``: names ending so are answered ``slow_s`` late (a slow name server)."""
+        self.answers, self.silent, self.slow, self.slow_s = answers, silent, slow, slow_s
         self.asked: list[str] = []
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -185,8 +189,16 @@ class LabDns:
             except OSError:
                 return
             answer = self._answer(query)
-            if answer is not None:
-                self._sock.sendto(answer, peer)
+            if answer is None:
+                continue
+            if self.slow and self.asked and self.asked[-1].endswith(self.slow):
+                threading.Timer(self.slow_s, self._send, (answer, peer)).start()
+            else:
+                self._send(answer, peer)
+
+    def _send(self, answer: bytes, peer: Any) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.sendto(answer, peer)
 
     def _answer(self, query: bytes) -> bytes | None:
         labels, at = [], 12

@@ -53,7 +53,8 @@ def run(input):
 
 @pytest.fixture(scope="module")
 def dns(lab: EgressLab) -> Iterator[LabDns]:
-    server = LabDns(lab.host_ip, {"ok.dns.test": lab.server_ip}, ".silent.test")
+    answers = {"ok.dns.test": lab.server_ip, "late.slow.test": lab.server_ip}
+    server = LabDns(lab.host_ip, answers, ".silent.test", slow=".slow.test", slow_s=1.5)
     yield server
     server.close()
 
@@ -142,3 +143,35 @@ def test_one_installs_silent_names_do_not_delay_anothers_lookups(
 
     again = run_ok(daemon, flooder, "fetch_py", {"url": f"http://ok.dns.test:{HTTP_PORT}/after"})
     assert again["status"] == "succeeded", again["error"]
+
+
+def test_a_grant_narrowed_while_a_connection_looks_its_name_up_is_refused_before_it_goes(
+    daemon: Daemon, dns: LabDns, lab: EgressLab, tmp_path: Path
+) -> None:
+    """The grant is checked again once a connection is made, before anything goes to the
+    destination: narrowed while the name server takes 1.5 s to answer, the request never
+    reaches the lab server, and the tool is told it is no longer granted."""
+    granted = [f"late.slow.test:{HTTP_PORT}", f"ok.dns.test:{HTTP_PORT}"]
+    install = daemon.ship(app_dir(tmp_path, "narrowed", granted, {"fetch_py": (".py", FETCH_PY)}))[
+        "installId"
+    ]
+    result: dict[str, Any] = {}
+    url = f"http://late.slow.test:{HTTP_PORT}/sent-after-the-narrowing"
+    thread = threading.Thread(
+        target=lambda: result.update(run_ok(daemon, install, "fetch_py", {"url": url}))
+    )
+    asked_before = len(dns.asked)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while "late.slow.test" not in dns.asked[asked_before:] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "late.slow.test" in dns.asked[asked_before:], "the run never looked its name up"
+        narrowed = daemon.call("PUT", f"/api/v2/apps/installs/{install}/egress",
+                               daemon.admin_key, json={"egress": granted[1:]})  # fmt: skip
+        assert narrowed.status_code == 200, narrowed.text
+    finally:
+        thread.join()
+    assert result["status"] == "failed"
+    assert "no longer in this install's egress grant" in result["error"], result["error"]
+    assert not [r for r in lab.received() if r["path"] == "/sent-after-the-narrowing"]

@@ -102,6 +102,29 @@ def test_upload_refuses_a_literal_grant_egress_never_reaches(tmp_path: Path) -> 
     # here, and the proxy judges it at each connection.
 
 
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ("169.254.169.254.", "egress never reaches 169.254.169.254"),  # a trailing dot
+        ("[::ffff:a9fe:a9fe].", "only ':port'"),
+        ("0177.0.0.1", "ends in a number"),  # octal: 127.0.0.1 to a URL parser
+        ("127.1", "ends in a number"),
+        ("2130706433", "ends in a number"),
+        ("0x7f.0.0.1", "ends in a number"),
+        ("metadata.0x", "ends in a number"),
+    ],
+)
+def test_upload_refuses_ip_literals_in_disguise(tmp_path: Path, entry: str, why: str) -> None:
+    """An entry one program reads as an IP address and another as a name (or as another
+    address) is no grant anyone can review: refused at upload, on its line."""
+    root = app_dir(tmp_path / "app", "disguised", [entry], {"fetch_py": (".py", FETCH_PY)})
+    proc = run_cli("app", "validate", str(root), "--json")
+    assert proc.returncode == 1, proc.stdout
+    (problem,) = json.loads(proc.stdout)["problems"]
+    assert (problem["file"], problem["line"]) == ("agentserve.app.yaml", 6)
+    assert why in problem["message"], problem
+
+
 NAMES = {
     "nat64-loop.test": "a NAT64 address of 127.0.0.1, a loopback",
     "nat64-metadata.test": "a NAT64 address of 169.254.169.254",

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.jail
 LONG = 'Sk_live/4f9c+2D="7e! 1b'
 MULTI = "first-line-Q7zp\nsecond-line-of-the-key\nthird-line-Vx9w"
 SHORT = "pw!7Q"  # 5 characters: at least MIN_SCRUB_CHARS, under MIN_FOLDED_CHARS
-SECRETS = {"LONG": LONG, "MULTI": MULTI, "SHORT": SHORT}
+# Letters whose casefold() is longer than they are (ß -> ss, ﬁ -> fi, İ -> i̇).
+UNICODE = "Geheim-Straße-ﬁx-İ-4711"
+SECRETS = {"LONG": LONG, "MULTI": MULTI, "SHORT": SHORT, "UNICODE": UNICODE}
 
 _PERCENT = "''.join('%%%02X' % c for c in raw)"
 _MIXED = "''.join(('%%%02X' if n % 2 else '%%%02x') % c for n, c in enumerate(raw))"
@@ -47,6 +49,10 @@ SPELLINGS: dict[str, tuple[str, str]] = {
     "every byte %-encoded, mixed case": ("LONG", _MIXED),
     "every byte %-encoded, a short value": ("SHORT", _PERCENT + ".lower()"),
     "as is, a short value": ("SHORT", "value"),
+    "as is, letters that fold to two": ("UNICODE", "value"),
+    "reversed, letters that fold to two": ("UNICODE", "value[::-1]"),
+    "JSON-escaped, letters that fold to two": ("UNICODE", "json.dumps(value)[1:-1]"),
+    "URL-encoded, letters that fold to two": ("UNICODE", "urllib.parse.quote(value, safe='')"),
     "base64, a short value": ("SHORT", "base64.b64encode(raw).decode()"),
     "any letter case": ("LONG", "value.swapcase()"),
     "upper case": ("LONG", "value.upper()"),

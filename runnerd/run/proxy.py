@@ -519,6 +519,11 @@ class EgressProxy:
         await self._require_current_grant(owner, wanted, where)
         addresses = await self._addresses(owner, wanted, where)
         reader, upstream = await self._connect(addresses, port, where)
+        try:  # again: the grant may have changed during the lookup and the connect
+            await self._require_current_grant(owner, wanted, where)
+        except _Refusal:
+            _abort(upstream)
+            raise
         use = owner.use(where)
         use.connections += 1
         owner.writers.add(upstream)

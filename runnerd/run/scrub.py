@@ -82,8 +82,9 @@ def _spellings(value: str) -> tuple[set[str], set[str]]:
         folded |= {value, value[::-1], raw.hex(), quote(value, safe="").lower()}
         folded |= _cores(raw, base64.b32encode, 5, 5) | b64
     # An output is checked as JSON, where a spelling's quotes and backslashes are escaped.
-    forms |= {_json(f) for f in forms}
-    folded |= {_json(f) for f in folded}
+    # (msgspec keeps other letters as they are; json.dumps writes them as \u escapes.)
+    forms |= {_json(f) for f in forms} | {json.dumps(f)[1:-1] for f in forms}
+    folded |= {_json(f) for f in folded} | {json.dumps(f)[1:-1] for f in folded}
     return _long_enough(forms - folded), _long_enough(folded)  # folded ones match as is too
 
 
@@ -108,22 +109,26 @@ class Scrubber:
 
     def __init__(self, secrets: Mapping[str, str]) -> None:
         self._exact: dict[str, str] = {}
-        self._folded: dict[str, str] = {}
+        self._folded: dict[str, str] = {}  # casefold() of a spelling -> its secret's name
+        any_case: dict[str, None] = {}  # the spellings themselves, for RE2's (?i:)
         for name, value in secrets.items():
             exact, folded = _spellings(value)
             for form in exact:
                 self._exact.setdefault(form, name)
             for form in folded:
+                any_case.setdefault(form)
                 self._folded.setdefault(form.casefold(), name)
         alternatives = [re2.escape(f) for f in self._exact]
-        if self._folded:
-            alternatives.append("(?i:" + "|".join(map(re2.escape, self._folded)) + ")")
+        if any_case:
+            # The spellings as they are, not casefold()ed: RE2 folds one character to one
+            # (simple folding), so "ß" casefolded to "ss" would never match a "ß".
+            alternatives.append("(?i:" + "|".join(map(re2.escape, any_case)) + ")")
         self._pattern = (
             re2.compile("|".join(alternatives), _options(True)) if alternatives else None
         )
         # The longest spelling, in bytes: a log kept this much past its cap can be
         # scrubbed before it is cut, so no secret straddles the cut.
-        self.longest = max((len(f.encode()) for f in [*self._exact, *self._folded]), default=0)
+        self.longest = max((len(f.encode()) for f in [*self._exact, *any_case]), default=0)
 
     def scrub(self, text: str) -> str:
         """``text`` with every spelling of every secret replaced by [secret]."""
