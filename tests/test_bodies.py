@@ -375,3 +375,25 @@ def test_the_sparse_scan_stops_at_its_token_budget() -> None:
     with pytest.raises(TooManyTokens):
         duplicate_key_sparse(b"[" + b"[]," * 100 + b"[]]", 50)
     assert duplicate_key(b"{not json") is None and duplicate_key(b"\xff") is None
+
+
+def test_a_client_that_leaves_mid_body_is_no_internal_error(daemon: Daemon, install: str) -> None:
+    """A body cut short by its client changes nothing and logs no traceback."""
+    import socket
+    import time
+
+    before = runs_of(daemon, install)
+    path = f"/api/v2/apps/installs/{install}/tools/echo/run"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-API-Key: {daemon.admin_key}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    )
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", daemon.port)) as sock:
+            sock.sendall(head.encode() + b'{"input": {"a"')
+            time.sleep(0.2)
+    time.sleep(0.3)
+    assert daemon.http.get("/healthz").status_code == 200
+    assert runs_of(daemon, install) == before
+    log = (daemon.data_dir / "serve.log").read_text()
+    assert "internal error" not in log and "Traceback" not in log, log[-2000:]

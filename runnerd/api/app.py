@@ -19,7 +19,7 @@ from typing import IO, Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
@@ -62,6 +62,11 @@ def _endpoint(op: Op) -> Any:
             return await op.handler(request, request.app.state.runnerd)
         except ApiError as exc:
             return error_response(exc)
+        except ClientDisconnect:
+            # The client went away mid-body (or its body stalled and was cut): nobody
+            # reads an answer, and it is no internal error. Nothing was changed.
+            log.debug("%s %s: the client went away before its body ended", op.method, op.path)
+            return Response(status_code=400)
         except Exception as exc:
             return _unexpected(request, exc)
 
