@@ -36,6 +36,10 @@ NOT_JSON = [
     "application/json, text/plain",
     "text/plain, application/json",
     "text/plain; application/json",
+    "application/json;",
+    "application/json; charset=utf-8; charset=utf-8",
+    'application/json; charset="utf-8',
+    "application/json; charset=utf-8 x",
     "",
 ]
 JSON_TYPES = [
@@ -323,6 +327,14 @@ def test_mcp_posts_take_json_only_and_refuse_keys_twice(daemon: Daemon) -> None:
         response = raw_post(daemon, url, twice.encode(), "application/json", headers=auth)
         envelope(response, 400, "DUPLICATE_KEY")
         assert "mcp-session-id" not in response.headers
+        # The same body in another encoding the SDK's parser would read: one reading only.
+        for encoding in ("utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-8-sig"):
+            response = raw_post(daemon, url, twice.encode(encoding), "application/json",
+                                headers=auth)  # fmt: skip
+            envelope(response, 400, "INVALID_BODY")
+    lone = text.replace('"name": "test"', '"name": "te\\ud800st"')
+    assert lone != text
+    envelope(raw_post(daemon, url, lone.encode(), "application/json", headers=auth), 400)
     deep = '{"jsonrpc": "2.0", "id": 1, "method": "x", "params": ' + "[" * 5000 + "]" * 5000 + "}"
     envelope(raw_post(daemon, url, deep.encode(), "application/json", headers=auth), 400)
     too_big = b'{"jsonrpc": "2.0", "pad": "' + b"x" * (600 * 1024) + b'"}'

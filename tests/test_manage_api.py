@@ -158,6 +158,12 @@ def test_a_session_acts_under_the_api_rules_and_every_change_needs_the_csrf_toke
         403,
         "CSRF_TOKEN_INVALID",
     )
+    # Two tokens, the right one among them: no one token, refused either way round.
+    right = str(member_info["csrfToken"])
+    for pair in ([right, "guess"], ["guess", right]):
+        twice = [("X-CSRF-Token", token) for token in pair]
+        envelope(member.post(run_path, json={"input": GOOD}, headers=twice), 403,
+                 "CSRF_TOKEN_INVALID")  # fmt: skip
     after = len(
         daemon.call("GET", f"/api/v2/apps/installs/{install}/runs", daemon.admin_key).json()["data"]
     )

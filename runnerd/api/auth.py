@@ -117,7 +117,8 @@ async def authenticate(
     if session is None:
         raise ApiError("UNAUTHORIZED", "The session has ended: sign in again")
     if request.method not in SAFE_METHODS:
-        sent = request.headers.get("x-csrf-token", "")
+        tokens = request.headers.getlist("x-csrf-token")  # two of them: no one token
+        sent = tokens[0] if len(tokens) == 1 else ""
         if not hmac.compare_digest(sent.encode(), session.csrf.encode()):
             raise ApiError.forbidden(
                 "CSRF_TOKEN_INVALID",

@@ -328,7 +328,7 @@ async def get_run(request: Request, state: AppState) -> Response:
         or await state.store.io(state.store.membership, row.workspace_id, user_id) is None
     ):
         raise ApiError("NOT_FOUND", "No such run", details={"code": "RUN_NOT_FOUND"})
-    member = await caller.member(state.store, row.workspace_id, role="member")
+    member = await caller.member(state.store, row.workspace_id, role="viewer")
     detail = RunDetail(run=_run_info(row))
     # The output is the asker's: theirs, the approver's who released it, or an admin's.
     approval = (

@@ -17,6 +17,7 @@ import asyncio
 import importlib
 from typing import TYPE_CHECKING
 
+import msgspec
 from starlette.datastructures import Headers
 from starlette.types import Message, Receive, Scope, Send
 
@@ -72,7 +73,17 @@ def _check_json_rpc(raw: bytes) -> None:
             f"request body is nested deeper than {MAX_JSON_DEPTH} levels around the input",
             details={"code": "INVALID_BODY"},
         )
-    refuse_repeated_keys(raw)  # not JSON: the SDK answers with a JSON-RPC parse error
+    # One reading for every reader: UTF-8 JSON, as the API takes (a UTF-16 or UTF-32 body,
+    # a BOM, a lone surrogate: the SDK's parser reads them, and would read keys twice).
+    try:
+        msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        raise ApiError(
+            "BAD_REQUEST",
+            "request body is not JSON in UTF-8 (no byte order mark, no lone surrogate)",
+            details={"code": "INVALID_BODY"},
+        ) from None
+    refuse_repeated_keys(raw)
 
 
 async def _checked(scope: Scope, receive: Receive) -> Receive:
