@@ -248,9 +248,11 @@ def sleepy(daemon: Daemon, make_app: Callable[..., AppDir]) -> str:
     return str(daemon.ship(app.root)["installId"])
 
 
-def _run_on_own_connection(daemon: Daemon, install: str, seconds: float) -> bytes:
+def _run_on_own_connection(
+    daemon: Daemon, install: str, seconds: float, source: str = "127.0.0.1"
+) -> bytes:
     body = json.dumps({"input": {"s": seconds}}).encode()
-    with connect(daemon.port) as sock:
+    with connect(daemon.port, source) as sock:
         sock.sendall(
             b"POST /api/v2/apps/installs/%s/tools/nap/run HTTP/1.1\r\nHost: x\r\n"
             b"X-API-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
@@ -299,6 +301,118 @@ def test_the_total_cap_makes_room_across_clients(daemon: Daemon) -> None:
     finally:
         for sock in slow:
             sock.close()
+
+
+# --- answers that never drain, and streams that never end --------------------------------------
+
+
+def tcp_state(sock: socket.socket) -> int:
+    """The socket's TCP state (1: established; 7: closed, as after a reset)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+
+
+def _unread_answers(port: int, source: str, count: int) -> list[socket.socket]:
+    """``count`` connections that pipeline requests for the OpenAPI document (a large
+    answer) and never read: the daemon's writes to them stall."""
+    socks = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.bind((source, 0))
+        sock.connect(("127.0.0.1", port))
+        sock.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            sock.send(b"GET /api/v2/openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 100)
+        socks.append(sock)
+        time.sleep(0.05)  # being answered before the next comes: none closes another
+    return socks
+
+
+def test_answers_a_client_never_reads_lock_out_no_one_and_are_cut(
+    daemon: Daemon, sleepy: str
+) -> None:
+    # Attack B, small: every slot of 127.0.0.1 holds an answer that never drains.
+    attack = _unread_answers(daemon.port, "127.0.0.1", PER_CLIENT + 2)  # all its slots
+    started = time.monotonic()
+    try:
+        time.sleep(0.3)  # the answers fill the sockets' buffers
+        assert healthz(daemon.port) == 200  # a stalled answer made room
+        assert healthz(daemon.port, source="127.0.0.2") == 200
+        raw = _run_on_own_connection(daemon, sleepy, 0)
+        assert status_of(raw) == 200, raw[:300]
+        # Stalled past http_body_timeout_s, whatever else goes on: every one is cut.
+        time.sleep(max(0.0, started + BODY_S + 1.5 - time.monotonic()))
+        assert [tcp_state(sock) for sock in attack].count(1) == 0
+    finally:
+        for sock in attack:
+            sock.close()
+    assert healthz(daemon.port) == 200
+
+
+def _mcp_stream(daemon: Daemon, key: str, source: str) -> tuple[httpx.Client, httpx.Response]:
+    """A 2025-11-25-era MCP session opened from ``source``, and its GET stream, held open
+    on that one connection."""
+    client = httpx.Client(
+        base_url=daemon.url,
+        transport=httpx.HTTPTransport(local_address=source),
+        limits=httpx.Limits(max_connections=1),
+        timeout=httpx.Timeout(10, read=1),
+    )
+    url = f"/mcp?workspaceId={daemon.workspace_id}"
+    headers = {"Authorization": f"Bearer {key}", "Mcp-Protocol-Version": "2025-11-25"}
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"},
+        },
+    }
+    opened = client.post(
+        url, json=init, headers={**headers, "Accept": "application/json, text/event-stream"}
+    )
+    assert opened.status_code == 200, opened.text
+    headers |= {"Accept": "text/event-stream", "Mcp-Session-Id": opened.headers["mcp-session-id"]}
+    stream = client.send(client.build_request("GET", url, headers=headers), stream=True)
+    assert stream.status_code == 200, stream.read()
+    return client, stream
+
+
+def _stream_ended(stream: httpx.Response) -> bool:
+    try:
+        for _ in stream.iter_raw():
+            pass
+    except httpx.ReadTimeout:
+        return False  # still open: nothing to read within the client's read timeout
+    except httpx.TransportError:
+        return True
+    return True
+
+
+def test_open_streams_lock_out_no_one(daemon: Daemon, sleepy: str) -> None:
+    # Attack A, small: a viewer's key holds MCP GET streams on the total cap's slots,
+    # every one of 127.0.0.1's among them (the rest from 127.0.0.3, opened first).
+    viewer = daemon.person(f"viewer-{time.monotonic_ns()}@example.com", role="viewer")
+    held = [_mcp_stream(daemon, viewer, "127.0.0.3") for _ in range(TOTAL - PER_CLIENT)]
+    held += [_mcp_stream(daemon, viewer, "127.0.0.1") for _ in range(PER_CLIENT)]
+    try:
+        time.sleep(3.5)  # STREAM_GRACE_S: from now on they are streams
+        assert healthz(daemon.port, source="127.0.0.2") == 200  # at the total cap
+        assert healthz(daemon.port) == 200  # at 127.0.0.1's cap
+        for source in ("127.0.0.1", "127.0.0.2"):
+            raw = _run_on_own_connection(daemon, sleepy, 0, source)
+            assert status_of(raw) == 200, raw[:300]
+        ended = [_stream_ended(stream) for _, stream in held]
+        # The oldest stream of all made room for 127.0.0.2, 127.0.0.1's oldest for
+        # 127.0.0.1; the newest still stream.
+        first_own = TOTAL - PER_CLIENT
+        assert ended[0] and ended[first_own] and not ended[-1], ended
+    finally:
+        for client, stream in held:
+            stream.close()
+            client.close()
 
 
 # --- a flood of slow connections ----------------------------------------------------------------

@@ -38,8 +38,16 @@ TOOLS = {
     "boom": ("read", "def run(i):\n    raise RuntimeError('the crm is down')\n", 10000),
     "slow": ("read", "import time\ndef run(i):\n    time.sleep(5)\n    return {}\n", 1000),
     "post_entry": ("write", "def run(i):\n    return {'posted': i['amount']}\n", 10000),
+    "file_entry": ("write", "def run(i):\n    return {'filed': i['amount']}\n", 10000),
 }
 AMOUNT = {"type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"]}
+# file_entry's output schema: strict, so a pending answer as structuredContent breaks it.
+FILED = {
+    "type": "object",
+    "properties": {"filed": {"type": "integer"}},
+    "required": ["filed"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +56,10 @@ def installs(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     app = AppDir(tmp_path_factory.mktemp("ledger"))
     app.write("agentserve.app.yaml", "slug: ledger\nname: Ledger\ntools: ./tools/*\n")
     for name, (effect, source, timeout) in TOOLS.items():
-        schema = AMOUNT if name == "post_entry" else {"type": "object"}
-        app.tool(
-            name, yaml=tool_doc(name, effect=effect, input=schema, timeoutMs=timeout), source=source
-        )
+        schema = AMOUNT if name.endswith("_entry") else {"type": "object"}
+        output = FILED if name == "file_entry" else None
+        doc = tool_doc(name, effect=effect, input=schema, output=output, timeoutMs=timeout)
+        app.tool(name, yaml=doc, source=source)
     ledger = daemon.ship(app.root)
     return {"deal-desk": desk["installId"], "ledger": ledger["installId"]}
 
@@ -159,7 +167,7 @@ def test_a_write_tool_asks_and_runs_only_when_accepted(
 ) -> None:
     asked: list[str] = []
 
-    def answer(confirm: bool | None) -> Any:
+    def answer(confirm: Any) -> Any:
         async def elicit(ctx: Any, params: Any) -> types.ElicitResult:
             asked.append(params.message)
             if confirm is None:
@@ -177,7 +185,7 @@ def test_a_write_tool_asks_and_runs_only_when_accepted(
         )
         return len(found.json()["data"])
 
-    async def call(confirm: bool | None, amount: int) -> Any:
+    async def call(confirm: Any, amount: int) -> Any:
         async with _client(daemon, elicitation_callback=answer(confirm)) as client:
             return await client.call_tool("ledger__post_entry", {"amount": amount})
 
@@ -186,6 +194,12 @@ def test_a_write_tool_asks_and_runs_only_when_accepted(
     assert declined.is_error and declined.structured_content["status"] == "declined"
     unticked = _run(lambda: call(False, 8))
     assert unticked.is_error and runs() == before  # nothing ran unasked
+    # The box is a boolean: a client that sends form values as text, or a number, has
+    # not ticked it.
+    for sent in ("false", "true", "yes", "0", 1):
+        other = _run(lambda sent=sent: call(sent, 8))
+        assert other.is_error and other.structured_content["status"] == "declined", sent
+    assert runs() == before
     assert (
         "ledger/post_entry" in asked[0] and '"amount": 7' in asked[0] and "write tool" in asked[0]
     )
@@ -217,6 +231,98 @@ def test_a_client_without_elicitation_gets_a_pending_approval(
     found = _run(outcome).structured_content
     assert found["status"] == "approved" and found["run"]["status"] == "succeeded"
     assert found["run"]["output"] == {"posted": 3}
+
+
+def _approval_status(daemon: Daemon, approval_id: str) -> str:
+    found = daemon.call(
+        "GET", "/api/v2/approvals", daemon.admin_key, params={"workspaceId": daemon.workspace_id}
+    )
+    [approval] = [a for a in found.json()["data"] if a["approvalId"] == approval_id]
+    return str(approval["status"])
+
+
+def test_a_write_tool_asks_every_era_in_the_form_it_reads(
+    daemon: Daemon, installs: dict[str, str]
+) -> None:
+    """2025-11-25 has no InputRequiredResult (the SDK rejects it: -32603), so there the
+    person is asked with an elicitation/create request during the call; 2026-07-28 gets
+    the InputRequiredResult. Accepted, a strict-schema tool's result is its output; any
+    other answer, an error from the client included, denies the approval at once."""
+    asked: list[str] = []
+    key = daemon.person("mcp-eras@example.com")  # its own rate limit: many sessions here
+
+    def answer(reply: Any) -> Any:
+        async def elicit(ctx: Any, params: Any) -> Any:
+            asked.append(params.message)
+            return reply
+
+        return elicit
+
+    async def call(mode: str, reply: Any, tool: str, amount: int) -> tuple[str, Any]:
+        async with _client(daemon, key, mode=mode, elicitation_callback=answer(reply)) as client:
+            result = await client.call_tool(f"ledger__{tool}", {"amount": amount})
+            return client.protocol_version, result
+
+    tick = types.ElicitResult(action="accept", content={"confirm": True})
+    for mode, amount in (("legacy", 51), ("auto", 52)):
+        version, ran = _run(lambda m=mode, n=amount: call(m, tick, "file_entry", n))
+        assert version == (HANDSHAKE if mode == "legacy" else "2026-07-28")
+        assert ran.is_error is not True and ran.structured_content == {"filed": amount}
+        assert f'"amount": {amount}' in asked[-1] and "write tool" in asked[-1]
+
+    refusals = (
+        types.ElicitResult(action="decline"),
+        types.ElicitResult(action="accept", content={"confirm": False}),
+        types.ErrorData(code=types.INTERNAL_ERROR, message="this client shows no forms"),
+    )
+
+    def runs() -> int:
+        found = daemon.call(
+            "GET",
+            f"/api/v2/apps/installs/{installs['ledger']}/runs",
+            daemon.admin_key,
+            params={"tool": "post_entry"},
+        )
+        return len(found.json()["data"])
+
+    before = runs()
+    for reply in refusals:
+        _, refused = _run(lambda reply=reply: call("legacy", reply, "post_entry", 53))
+        assert refused.is_error and refused.structured_content["status"] == "declined"
+        # Decided now: no approval is left pending that the client could never act on.
+        assert _approval_status(daemon, refused.structured_content["approvalId"]) == "denied"
+    assert runs() == before
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_pending_answer_keeps_to_the_tools_output_schema(
+    daemon: Daemon, installs: dict[str, str], mode: str
+) -> None:
+    """A client that cannot elicit, and a tool whose output schema requires fields: the
+    pending answer is isError (which a client does not check against the schema), with
+    the approval id in the text and in _meta, so the agent can follow it up."""
+    key = daemon.person(f"mcp-pending-{mode}@example.com")
+
+    async def ask() -> Any:
+        async with _client(daemon, key, mode=mode) as client:  # no elicitation declared
+            return await client.call_tool("ledger__file_entry", {"amount": 61})
+
+    pending = _run(ask)  # the old answer: RuntimeError("Invalid structured content …")
+    assert pending.is_error is True and pending.structured_content is None
+    held = pending.meta["runnerd/approval"]
+    assert held["status"] == "pending_approval" and held["expiresAt"]
+    approval_id = held["approvalId"]
+    assert approval_id in pending.content[0].text and "runnerd.approval" in pending.content[0].text
+    assert _approval_status(daemon, approval_id) == "pending"
+    approved = daemon.call("POST", f"/api/v2/approvals/{approval_id}/approve", key)
+    assert approved.status_code == 200, approved.text
+
+    async def outcome() -> Any:
+        async with _client(daemon, key, mode=mode) as client:
+            return await client.call_tool("runnerd.approval", {"approvalId": approval_id})
+
+    found = _run(outcome).structured_content
+    assert found["status"] == "approved" and found["run"]["output"] == {"filed": 61}
 
 
 def test_switching_sends_tools_list_changed(
@@ -582,3 +688,7 @@ def test_an_approved_calls_output_is_only_for_whom_it_belongs(
         assert found["run"]["output"] is None and found["run"]["error"] is None
         assert found["run"]["outputAvailable"] is False
         assert '"posted"' not in result.content[0].text
+        # GET /api/v2/runs/{id} says the same to them: the status, not the output.
+        detail = daemon.call("GET", f"/api/v2/runs/{found['run']['runId']}", key)
+        assert detail.status_code == 200, detail.text
+        assert detail.json()["run"]["status"] == "succeeded" and detail.json()["output"] is None

@@ -13,18 +13,24 @@ the daemon"):
   and closed;
 - a body may pause at most ``http_body_timeout_s`` between two bytes (not counting the
   time the daemon itself stops reading, while the app has not taken what came): past it,
-  408 (if nothing was answered yet) and closed;
+  408 (if nothing was answered yet) and closed. The same bound holds the other way: an
+  answer the client stops reading (the socket's buffers full, uvicorn's transport paused
+  for writing) is cut once it has stalled that long, whatever the connection is doing;
 - connections per client address (an IPv6 /64 is one client; IPv4-mapped addresses are
   their IPv4 address) and in total are capped. At a cap, a new connection closes another
-  of that client (or of all, at the total cap) that waits on its client: first a request
-  under way (a head or a body not all here; the one that moved least recently: a head
-  when it began, a body at its last byte), since a legitimate head comes in one piece;
-  then a new connection that sent nothing yet (its request may be in flight), the
-  oldest; then a kept-alive connection, the longest idle, which its client can open
-  again at no cost. Connections
-  whose request the daemon is answering are never closed for room; only when all of
-  them are is the new connection refused with 503. Every local caller shares 127.0.0.1
-  with a local attacker: refusing at the cap would let a slow client lock all of them out.
+  of that client (or of all, at the total cap) that waits on its client or holds its
+  slot for long: first a request under way (a head or a body not all here; the one that
+  moved least recently: a head when it began, a body at its last byte), since a
+  legitimate head comes in one piece; then an answer its client does not read (writes
+  paused), the longest stalled; then an answer still streaming ``STREAM_GRACE_S`` after
+  its head went out (an SSE stream, a long download), the oldest, which its client can
+  open again; then a new connection that sent nothing yet (its request may be in
+  flight), the oldest; then a kept-alive connection, the longest idle, which its client
+  can open again at no cost. A connection whose answer has not begun (a run in its jail)
+  or began less than ``STREAM_GRACE_S`` ago is never closed for room; only when all of
+  them are such is the new connection refused with 503. Every local caller shares
+  127.0.0.1 with a local attacker: refusing at the cap would let a slow client, or one
+  holding streams open, lock all of them out.
 
 Nothing here reads or records what a request carries.
 """
@@ -32,8 +38,11 @@ Nothing here reads or records what a request carries.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
+import socket
+import struct
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -53,6 +62,8 @@ MAX_HEAD_BYTES = 32 * 1024  # request line + headers of one request (nginx: 4 x 
 MAX_HEAD_FIELDS = 100  # header fields of one request (Apache's LimitRequestFields)
 _LOG_EVERY_S = 10.0  # cuts are logged as counts, at most once in this time
 _ANSWERS_PER_S = 100  # cut connections answered (408, 431, 503) a second, past that closed
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
+STREAM_GRACE_S = 3.0  # an answer still going this long after its head is a stream (evictable)
 
 
 @dataclass(frozen=True)
@@ -76,23 +87,29 @@ def client_key(host: str) -> str:
     return str(ip)
 
 
+_Queue = OrderedDict["LimitedHttpProtocol", None]
+
+
 class _Pool:
     """One client's connections (or all of them): how many, and those that may be closed
     for room, in the order they go: requests under way (a head or a body not all here),
-    the one that moved least recently first; then new connections that sent nothing yet
-    (their request may be in flight), oldest first; then kept-alive connections, the
-    longest idle first."""
+    the one that moved least recently first; then answers the client does not read, the
+    longest stalled first; then answers streaming past ``STREAM_GRACE_S``, the oldest
+    first; then new connections that sent nothing yet (their request may be in flight),
+    oldest first; then kept-alive connections, the longest idle first."""
 
-    __slots__ = ("count", "fresh", "idle", "unfinished")
+    __slots__ = ("count", "fresh", "idle", "stalled", "streaming", "unfinished")
 
     def __init__(self) -> None:
         self.count = 0
-        self.unfinished: OrderedDict[LimitedHttpProtocol, None] = OrderedDict()
-        self.fresh: OrderedDict[LimitedHttpProtocol, None] = OrderedDict()
-        self.idle: OrderedDict[LimitedHttpProtocol, None] = OrderedDict()
+        self.unfinished: _Queue = OrderedDict()
+        self.stalled: _Queue = OrderedDict()
+        self.streaming: _Queue = OrderedDict()
+        self.fresh: _Queue = OrderedDict()
+        self.idle: _Queue = OrderedDict()
 
-    def queues(self) -> tuple[OrderedDict[LimitedHttpProtocol, None], ...]:
-        return (self.unfinished, self.fresh, self.idle)
+    def queues(self) -> tuple[_Queue, ...]:
+        return (self.unfinished, self.stalled, self.streaming, self.fresh, self.idle)
 
     def victim(self) -> LimitedHttpProtocol | None:
         for queue in self.queues():
@@ -139,35 +156,47 @@ class _Registry:
         self.note("evicted")
         # 503 to a request under way or a connection never served (its request may be in
         # flight); an idle kept-alive connection is closed without a word, as its timeout
-        # would close it.
+        # would close it; a stalled or streaming answer is cut short (cut aborts it).
         victim.cut(503 if victim.request_started or victim.cycle is None else None)
         return True
+
+    def _place(self, conn: LimitedHttpProtocol, name: str | None) -> None:
+        """Move ``conn`` to the end of the queue ``name`` (None: in none, not closed for
+        room). A stalled answer stays where it stalled, whatever its requests do, until
+        its client reads again."""
+        if not conn.counted:
+            return
+        if conn.write_stalled:
+            name = "stalled"
+        for pool in (self.clients[conn.key], self.all):
+            if name == "stalled" and conn in pool.stalled:
+                continue
+            for queue in pool.queues():
+                queue.pop(conn, None)
+            if name is not None:
+                getattr(pool, name)[conn] = None
 
     def unfinished(self, conn: LimitedHttpProtocol) -> None:
         """A request of ``conn`` is under way, and just moved (its head began, or a byte
         of its body came)."""
-        if conn.counted:
-            for pool in (self.clients[conn.key], self.all):
-                pool.fresh.pop(conn, None)
-                pool.idle.pop(conn, None)
-                pool.unfinished[conn] = None
-                pool.unfinished.move_to_end(conn)
+        self._place(conn, "unfinished")
 
     def idle(self, conn: LimitedHttpProtocol) -> None:
         """``conn`` has no request under way, from now on."""
-        if conn.counted:
-            for pool in (self.clients[conn.key], self.all):
-                pool.unfinished.pop(conn, None)
-                pool.fresh.pop(conn, None)
-                pool.idle[conn] = None
-                pool.idle.move_to_end(conn)
+        self._place(conn, "idle")
 
     def busy(self, conn: LimitedHttpProtocol) -> None:
-        """The daemon is answering ``conn``: it is never closed for room."""
-        if conn.counted:
-            for pool in (self.clients[conn.key], self.all):
-                for queue in pool.queues():
-                    queue.pop(conn, None)
+        """The daemon is answering ``conn``; its answer has not begun, or began less than
+        STREAM_GRACE_S ago: it is not closed for room."""
+        self._place(conn, None)
+
+    def streaming(self, conn: LimitedHttpProtocol) -> None:
+        """``conn``'s answer is still going STREAM_GRACE_S after its head went out."""
+        self._place(conn, "streaming")
+
+    def stalled(self, conn: LimitedHttpProtocol) -> None:
+        """``conn``'s client stopped reading (``conn.write_stalled`` is set)."""
+        self._place(conn, "stalled")
 
     def remove(self, conn: LimitedHttpProtocol) -> None:
         if not conn.counted:
@@ -256,6 +285,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._head_fields = 0
         self._deadline: asyncio.TimerHandle | None = None
         self._last_byte = 0.0
+        self.write_stalled = False  # the transport paused writing: the client reads nothing
+        self._stall: asyncio.TimerHandle | None = None  # cuts a stalled answer
+        self._streaming = False  # the answer went on past STREAM_GRACE_S
+        self._answer_check: asyncio.TimerHandle | None = None
 
     # --- the connection ---------------------------------------------------------------------
 
@@ -269,17 +302,32 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._stop_watching()
         self.registry.remove(self)
         super().connection_lost(exc)
 
     def cut(self, status: int | None) -> None:
         """Close the connection; first answer ``status`` if given, nothing was answered,
-        and the answers' budget allows (in a flood of cuts, closing is all they get)."""
+        and the answers' budget allows (in a flood of cuts, closing is all they get). An
+        answer under way, or one its client does not read, is aborted: a close would wait
+        for the client to read what is buffered, and hold the socket as long."""
         self._disarm()
+        self._stop_watching()
         self.registry.remove(self)  # closing: it no longer counts, nor is closed for room
+        cycle = self.cycle
+        if self.write_stalled or (
+            cycle is not None and cycle.response_started and not cycle.response_complete
+        ):
+            # A reset, not a FIN behind what the client never reads: the kernel frees the
+            # socket and its buffers now, not when the client reads (never).
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+            self.transport.abort()  # the app's answer, if any, goes nowhere
+            return
         if self.transport.is_closing():
             return
-        cycle = self.cycle
         if self._in_body:  # the request's own cycle: answer if the app has not
             free = cycle is not None and not cycle.response_started
         else:  # the last request's cycle: answer once it was answered
@@ -363,16 +411,80 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.request_started = self._in_body = False
         super().on_message_complete()
         if self._answering():
-            self.registry.busy(self)
+            self._settle()
+            self._watch_answer()
         elif not self.pipeline:
             self.registry.idle(self)  # answered before its body ended
 
     def on_response_complete(self) -> None:
         queued = bool(self.pipeline)  # super() starts the next one: still answering
         super().on_response_complete()
-        if self.transport.is_closing() or queued:
+        self._stop_watching(stall=False)  # an answer ended; a stall lasts until read
+        if self.transport.is_closing():
             return
-        if self._in_head or self._in_body:
+        if queued:
+            self._watch_answer()
+        self._settle()
+
+    # --- the answer's way out ----------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if not self.write_stalled:
+            self.write_stalled = True
+            timeout = self.registry.limits.body_timeout_s
+            self._stall = self.loop.call_later(timeout, self._write_timed_out)
+            self.registry.stalled(self)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.write_stalled:
+            self.write_stalled = False
+            if self._stall is not None:
+                self._stall.cancel()
+                self._stall = None
+            if self.parser is not None:  # None once the connection is lost
+                self._settle()
+
+    def _write_timed_out(self) -> None:
+        self._stall = None
+        self.registry.note("answer stalled")
+        self.cut(None)
+
+    def _watch_answer(self) -> None:
+        """Check every STREAM_GRACE_S, while answering, whether the answer is a stream."""
+        if self._answer_check is None:
+            self._answer_check = self.loop.call_later(STREAM_GRACE_S, self._check_answer)
+
+    def _check_answer(self) -> None:
+        self._answer_check = None
+        cycle = self.cycle
+        if not self._answering() or cycle is None:
+            return
+        if cycle.response_started:  # its head went out, and it still goes on
+            self._streaming = True
+            self.registry.streaming(self)
+        else:  # not begun (a run in its jail): never closed for room
+            self._watch_answer()
+
+    def _stop_watching(self, *, stall: bool = True) -> None:
+        self._streaming = False
+        if self._answer_check is not None:
+            self._answer_check.cancel()
+            self._answer_check = None
+        if stall and self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _settle(self) -> None:
+        """Put the connection in the queue its state says (the registry keeps a stalled
+        one among the stalled)."""
+        if self._answering():
+            if self._streaming:
+                self.registry.streaming(self)
+            else:
+                self.registry.busy(self)
+        elif self._in_head or self._in_body:
             self.registry.unfinished(self)  # its next request is on its way
         else:
             self.registry.idle(self)

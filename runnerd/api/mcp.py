@@ -12,12 +12,14 @@ the official MCP Python SDK's lowlevel server.
   that started is a result (``isError`` when it failed or timed out); a refusal is an
   ``isError`` result whose structuredContent carries the API's code and reason; an
   unknown tool is an MCP error.
-- A ``write`` tool asks the person first. A client that can elicit gets an
-  ``InputRequiredResult`` with a form that shows the tool, its effect and the exact
-  input; its answer decides the approval held for that input (accept: the run, and
-  its result; decline: nothing runs). A client that cannot elicit gets a
-  ``pending_approval`` result; someone decides through the API or the Manage page, and
-  ``runnerd.approval`` reads the outcome.
+- A ``write`` tool asks the person first, in the form the session's revision has: from
+  2026-07-28 an ``InputRequiredResult``, before it an ``elicitation/create`` request
+  during the call. The form shows the tool, its effect and the exact input; the answer
+  decides the approval held for that input (accept: the run, and its result; anything
+  else, a client's error included: denied, nothing runs). A client that cannot elicit
+  gets a ``pending_approval`` answer (structuredContent only if the tool's output schema
+  admits it, else ``isError``; always in ``_meta["runnerd/approval"]``); someone decides
+  through the API or the Manage page, and ``runnerd.approval`` reads the outcome.
 - Installing, switching or rolling back publishes ``notifications/tools/list_changed``
   to the sessions listening (``subscriptions/listen``).
 - A session (``Mcp-Session-Id``, the 2025 handshake era) is bound to the key and the
@@ -28,12 +30,14 @@ the official MCP Python SDK's lowlevel server.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -44,6 +48,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import is_version_at_least
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
@@ -64,6 +69,9 @@ INSTRUCTIONS = (
     "Tools of the apps installed in this runnerd workspace. Each runs in a sandbox and is "
     "metered; a tool marked destructive (effect write) asks the person before it runs."
 )
+# The first revision that asks inside the call's result (InputRequiredResult); older
+# ones ask with a server-to-client elicitation/create request during the call.
+INPUT_REQUIRED_VERSION = "2026-07-28"
 WATCH_S = 1.0  # how often open sessions and streams are checked against revoked keys
 _NO_SESSION = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Session not found"}}'
 
@@ -94,8 +102,9 @@ class _Session:
 class _Watched:
     """The ``send`` of one request, watched: its status, whether it finished."""
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, opened: Callable[[str], None] | None = None) -> None:
         self._send = send
+        self._opened = opened  # told of a session the answer opens, before it goes out
         self.status: int | None = None
         self.session_id: str | None = None  # the header the SDK set on its answer
         self.done = False
@@ -106,6 +115,10 @@ class _Watched:
             for name, value in message.get("headers", []):
                 if name.lower() == MCP_SESSION_ID_HEADER.encode():
                     self.session_id = value.decode("latin-1")
+            if self._opened is not None and self.session_id and self.status < 400:
+                # Bound before the client can read the id: its next request may come
+                # before this one's handler returns.
+                self._opened(self.session_id)
         elif message["type"] == "http.response.body" and not message.get("more_body"):
             self.done = True
         await self._send(message)
@@ -163,7 +176,7 @@ class McpGateway:
             # Another key's session, or one of another workspace: as if it did not exist.
             await _session_not_found(send)
             return
-        watched = _Watched(send)
+        watched = _Watched(send, None if session_id is not None else partial(self._opened, grant))
         if session is not None:
             session.in_flight += 1
         try:
@@ -172,12 +185,14 @@ class McpGateway:
             if session is not None:
                 session.in_flight -= 1
                 session.used = time.monotonic()
-        if session_id is None and watched.session_id and (watched.status or 500) < 400:
-            self._sessions[watched.session_id] = _Session(grant)  # the handshake opened it
-        elif session_id is not None and (
+        if session_id is not None and (
             watched.status == 404 or (request.method == "DELETE" and (watched.status or 500) < 400)
         ):
             self._sessions.pop(session_id, None)  # ended by its owner, or by the SDK
+
+    def _opened(self, grant: _Grant, session_id: str) -> None:
+        """The handshake opened ``session_id`` for ``grant``."""
+        self._sessions.setdefault(session_id, _Session(grant))
 
     async def _serve(self, grant: _Grant, scope: Scope, receive: Receive, send: _Watched) -> None:
         """Hand the request to the SDK, cancellable when its grant ends (``_end``)."""
@@ -361,72 +376,79 @@ class McpGateway:
         install = (
             await state.store.io(state.store.install_of_app, workspace_id, slug) if sep else None
         )
-        if (
-            install is None
-            or await state.store.io(state.store.get_tool, install.version_id, tool_name) is None
-        ):
+        tool = (
+            None
+            if install is None
+            else await state.store.io(state.store.get_tool, install.version_id, tool_name)
+        )
+        if install is None or tool is None:
             raise MCPError(types.INVALID_PARAMS, f"no tool {params.name!r} in this workspace")
         try:
             await caller.member(state.store, workspace_id, role="member")
             if params.request_state is not None:
                 return await self._confirmed(state, who, install, tool_name, arguments, params)
             outcome = await state.calls.call(install, tool_name, arguments, who=who, surface="chat")
+            if isinstance(outcome, Pending):
+                asking = _Asking(install.app_slug, tool_name, tool.output_schema, arguments)
+                return await self._ask(state, ctx, who, asking, outcome)
         except (ApiError, RunnerdError) as exc:
             return _refused(exc)
-        if isinstance(outcome, Pending):
-            return self._ask(state, ctx, install.app_slug, tool_name, arguments, outcome)
         return _result(outcome)
 
-    def _ask(
-        self,
-        state: AppState,
-        ctx: Any,
-        slug: str,
-        tool: str,
-        arguments: dict[str, Any],
-        held: Pending,
+    async def _ask(
+        self, state: AppState, ctx: Any, who: Who, asking: _Asking, held: Pending
     ) -> types.CallToolResult | types.InputRequiredResult:
-        """A held write call: ask the person (elicitation), or say it waits."""
+        """A held write call: ask the person in the form the session's protocol revision
+        has, or say it waits. From 2026-07-28 an ``InputRequiredResult`` (the retry
+        decides, ``_confirmed``); before it, an ``elicitation/create`` request during the
+        call (``_elicit``): an older client cannot read an ``InputRequiredResult``."""
         capabilities = ctx.session.client_capabilities
-        if capabilities is not None and capabilities.elicitation is not None:
-            shown = json.dumps(arguments, indent=2, ensure_ascii=False)
-            message = (
-                f"Run {slug}/{tool}? It is a write tool: the run is real, metered, and makes "
-                f"real changes. Input:\n{shown}"
-            )
-            form = types.ElicitRequest(
-                params=types.ElicitRequestFormParams(
-                    message=message,
-                    requested_schema={
-                        "type": "object",
-                        "properties": {
-                            "confirm": {
-                                "type": "boolean",
-                                "title": f"Run {slug}/{tool} with this input",
-                            }
-                        },
-                        "required": ["confirm"],
-                    },
-                )
-            )
+        if capabilities is None or capabilities.elicitation is None:
+            return _pending(held, asking.output_schema)
+        if is_version_at_least(ctx.protocol_version, INPUT_REQUIRED_VERSION):
             return types.InputRequiredResult(
-                input_requests={"confirm": form},
+                input_requests={"confirm": types.ElicitRequest(params=_confirm_form(asking))},
                 request_state=state.cookies.sign(held.approval_id),  # unforgeable
             )
-        pending = {
-            "status": "pending_approval",
-            "approvalId": held.approval_id,
-            "expiresAt": held.expires_at,
-        }
-        return types.CallToolResult(
-            content=[
-                types.TextContent(
-                    text=f"This write call waits for approval ({held.approval_id}); it runs "
-                    f"once approved, through the API or the Manage page, before "
-                    f"{held.expires_at}. Read its outcome with {APPROVAL_TOOL}."
+        if not ctx.session.can_send_request:
+            return _pending(held, asking.output_schema)  # no channel to ask on: it waits
+        return await self._elicit(state, ctx, who, asking, held)
+
+    async def _elicit(
+        self, state: AppState, ctx: Any, who: Who, asking: _Asking, held: Pending
+    ) -> types.CallToolResult:
+        """The 2025 eras: ask over ``elicitation/create`` while the call waits, and
+        decide its approval by the answer, at once. Anything but an accepted, ticked box
+        denies it (an error, a malformed answer, no answer within the approval's time, the
+        call cut off): nothing is left pending that the client was never able to show."""
+        form = _confirm_form(asking)
+        answer: types.ElicitResult | None = None
+        try:
+            with anyio.move_on_after(state.calls.approval_ttl_s):
+                answer = await ctx.session.elicit_form(
+                    form.message, form.requested_schema, related_request_id=ctx.request_id
                 )
-            ],
-            structured_content=pending,
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await state.calls.decide(held.approval_id, approve=False, who=who)
+            raise
+        except Exception as exc:  # the client's error, or an answer that is no ElicitResult
+            log.info(
+                "MCP confirmation of %s failed (%s): denied", held.approval_id, type(exc).__name__
+            )
+        accepted = (
+            answer is not None
+            and answer.action == "accept"
+            and (answer.content or {}).get("confirm") is True
+        )
+        decided = await state.calls.decide(held.approval_id, approve=accepted, who=who)
+        if accepted and decided.run_id is not None:
+            return _result(await state.calls.outcome(decided.run_id))
+        said = "Declined" if answer is not None else "Not confirmed (the client gave no answer)"
+        return types.CallToolResult(
+            content=[types.TextContent(text=f"{said}: the call did not run.")],
+            structured_content={"status": "declined", "approvalId": held.approval_id},
+            is_error=True,
         )
 
     async def _confirmed(
@@ -455,7 +477,9 @@ class McpGateway:
         accepted = (
             isinstance(answer, types.ElicitResult)
             and answer.action == "accept"
-            and bool((answer.content or {}).get("confirm"))
+            # The form's schema: a boolean. Only JSON true runs the write; "false", "0",
+            # "yes", 1 or anything else a client sends for an unticked box does not.
+            and (answer.content or {}).get("confirm") is True
         )
         decided = await state.calls.decide(approval.id, approve=accepted, who=who)
         if not accepted or decided.run_id is None:
@@ -498,6 +522,63 @@ class McpGateway:
             structured_content=found,
             is_error=run.status != "succeeded",
         )
+
+
+@dataclass(frozen=True)
+class _Asking:
+    """A held write call, as the person is asked about it."""
+
+    slug: str
+    tool: str
+    output_schema: dict[str, Any] | None
+    arguments: dict[str, Any]
+
+
+def _confirm_form(asking: _Asking) -> types.ElicitRequestFormParams:
+    """The form that asks: the tool, what a write tool's run does, the exact input."""
+    shown = json.dumps(asking.arguments, indent=2, ensure_ascii=False)
+    ref = f"{asking.slug}/{asking.tool}"
+    return types.ElicitRequestFormParams(
+        message=f"Run {ref}? It is a write tool: the run is real, metered, and makes real "
+        f"changes. Input:\n{shown}",
+        requested_schema={
+            "type": "object",
+            "properties": {"confirm": {"type": "boolean", "title": f"Run {ref} with this input"}},
+            "required": ["confirm"],
+        },
+    )
+
+
+# The keywords of an output schema that admits any object: only then may the pending
+# answer ride structuredContent (a client checks it against the schema unless isError).
+_OPEN_SCHEMA_KEYS = frozenset({"type", "title", "description", "$schema", "$id", "$comment"})
+
+
+def _pending(held: Pending, output_schema: dict[str, Any] | None) -> types.CallToolResult:
+    """A held call that waits for someone to decide: its approval id and deadline in
+    ``_meta["runnerd/approval"]`` and the text, and as structuredContent only when the
+    tool's output schema admits it; otherwise ``isError``, with no structuredContent,
+    so a client that checks results against the schema still shows the agent the id."""
+    pending = {
+        "status": "pending_approval",
+        "approvalId": held.approval_id,
+        "expiresAt": held.expires_at,
+    }
+    text = (
+        f"This write call waits for approval ({held.approval_id}); it runs once approved, "
+        f"through the API or the Manage page, before {held.expires_at}. Read its outcome "
+        f"with {APPROVAL_TOOL}."
+    )
+    found: dict[str, Any] = {
+        "content": [{"type": "text", "text": text}],
+        "_meta": {"runnerd/approval": pending},
+    }
+    schema = output_schema or {}
+    if set(schema) <= _OPEN_SCHEMA_KEYS and schema.get("type", "object") == "object":
+        found["structuredContent"] = pending
+    else:
+        found["isError"] = True
+    return types.CallToolResult.model_validate(found)
 
 
 def _run_fields(run: CallResult) -> dict[str, Any]:
