@@ -263,23 +263,28 @@ class EgressPass:
             destination = "other"
         return self.uses.setdefault(destination, _Use())
 
-    def figures(self) -> list[dict[str, Any]]:
+    def figures(self, clean: Callable[[str], str] = str) -> list[dict[str, Any]]:
         """What the run used: per destination, connections and bytes each way, or the
-        reason it was refused. No payload, path or header. The destination is the tool's
-        choice (a refused one, or any name under a wildcard entry): whoever stores or
-        shows it scrubs it first (Runner.run)."""
-        found = []
+        reason it was refused (for a destination never reached). No payload, path or
+        header. The destination is the tool's choice (a refused one, or any name under a
+        wildcard entry): ``clean`` (the run's scrubber, Runner.run) is applied to it, then
+        it is cut to MAX_DESTINATION_CHARS; destinations that become one are summed."""
+        found: dict[str, dict[str, Any]] = {}
+        refusals: dict[str, str] = {}
         for destination, use in self.uses.items():
-            entry: dict[str, Any] = {
-                "destination": destination,
-                "connections": use.connections,
-                "bytesSent": use.sent,
-                "bytesReceived": use.received,
-            }
-            if use.refused and not use.connections:
-                entry["refused"] = use.refused
-            found.append(entry)
-        return found
+            name = clean(destination)[:MAX_DESTINATION_CHARS]
+            entry = found.setdefault(
+                name, {"destination": name, "connections": 0, "bytesSent": 0, "bytesReceived": 0}
+            )
+            entry["connections"] += use.connections
+            entry["bytesSent"] += use.sent
+            entry["bytesReceived"] += use.received
+            if use.refused:
+                refusals[name] = use.refused
+        for name, reason in refusals.items():
+            if not found[name]["connections"]:
+                found[name]["refused"] = reason
+        return list(found.values())
 
     def summary(self) -> dict[str, Any]:
         """What the audit keeps of the run's egress, with no name the tool chose: per grant
@@ -424,8 +429,9 @@ class EgressProxy:
         granted.uid = uid
         self._by_uid[uid] = granted
 
-    def end_run(self, granted: EgressPass) -> list[dict[str, Any]]:
-        """The run is over: its credential dies and its tunnels close. Its figures."""
+    def end_run(self, granted: EgressPass) -> None:
+        """The run is over: its credential dies and its tunnels close (its figures stay on
+        ``granted``)."""
         granted.closed = True
         self._by_token.pop(granted.token, None)
         if granted.uid is not None and self._by_uid.get(granted.uid) is granted:
@@ -433,7 +439,6 @@ class EgressProxy:
         for writer in list(granted.writers):
             _abort(writer)
         granted.writers.clear()
-        return granted.figures()
 
     # --- one connection ------------------------------------------------------------------
 

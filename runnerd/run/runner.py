@@ -29,7 +29,6 @@ from runnerd.deferred import after_answer
 from runnerd.errors import RunnerdError
 from runnerd.run.envs import EnvManager
 from runnerd.run.jail import EGRESS_SOCKET, JailEnd, Job, Outcome, Sandbox
-from runnerd.run.proxy import MAX_DESTINATION_CHARS
 from runnerd.run.scrub import Scrubber
 
 __all__ = [
@@ -175,26 +174,6 @@ def _capped(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}… [{len(text) - limit:,} more characters cut]"
-
-
-def _scrubbed_figures(figures: list[dict[str, Any]], scrub: Scrubber) -> list[dict[str, Any]]:
-    """A run's egress figures as they may be stored and shown: each destination (the
-    tool's choice, even a reached one under a wildcard entry) scrubbed of secrets, then
-    cut to MAX_DESTINATION_CHARS; destinations that become one are summed."""
-    found: dict[str, dict[str, Any]] = {}
-    for figure in figures:
-        name = scrub.scrub(str(figure["destination"]))[:MAX_DESTINATION_CHARS]
-        entry = found.setdefault(
-            name, {"destination": name, "connections": 0, "bytesSent": 0, "bytesReceived": 0}
-        )
-        for count in ("connections", "bytesSent", "bytesReceived"):
-            entry[count] += int(figure[count])
-        if figure.get("refused"):
-            entry["refused"] = figure["refused"]
-    for entry in found.values():
-        if entry["connections"]:
-            entry.pop("refused", None)  # reached: a refusal is only shown for a place never reached
-    return list(found.values())
 
 
 def _too_deep(what: str) -> str:
@@ -357,11 +336,12 @@ class Runner:
             )
         finally:
             # The run is over for the network too: its credential dies, its tunnels close.
-            figures = proxy.end_run(grant) if proxy is not None and grant is not None else None
+            if proxy is not None and grant is not None:
+                proxy.end_run(grant)
             # After the answer is sent: the next jail's fork would delay it.
             after_answer(functools.partial(self.sandbox.refill, job.kind))
-        if grant is not None and figures is not None:
-            result.egress = _scrubbed_figures(figures, scrub)
+        if grant is not None and proxy is not None:
+            result.egress = grant.figures(scrub.scrub)  # the tool's names, scrubbed
             result.egress_audit = grant.summary()
         result.duration_ms = metered_ms(time.monotonic() - started + checked_before)
         return result

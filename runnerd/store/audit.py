@@ -33,7 +33,14 @@ from runnerd.store.records import new_id, utc_now
 if TYPE_CHECKING:
     from runnerd.config import Settings
 
-__all__ = ["AuditEntry", "AuditStore", "AuditVerdict", "audit_key_of", "load_audit_key"]
+__all__ = [
+    "AuditEntry",
+    "AuditStore",
+    "AuditVerdict",
+    "audit_key_of",
+    "chain_key",
+    "load_audit_key",
+]
 
 log = logging.getLogger("runnerd")
 
@@ -64,48 +71,50 @@ def load_audit_key(path: Path, *, derive_from: bytes | None = None) -> bytes:
     from ``derive_from`` (the secrets key) when given, so that nodes sharing a secrets key
     make the same one, else random. Once written it is kept: rotating the secrets key
     later does not change it."""
-    if path.exists():
-        return base64.b64decode(path.read_text().strip())
-    key = (
-        hmac.new(derive_from, _CHAIN_LABEL, hashlib.sha256).digest()
-        if derive_from
-        else secrets.token_bytes(32)
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(base64.b64encode(key).decode() + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        os.link(staging, path)  # never replaces a key another process wrote meanwhile
-    except FileExistsError:
-        return base64.b64decode(path.read_text().strip())
-    finally:
-        staging.unlink()
-    return key
+    from runnerd.vault import write_key_file
+
+    if not path.exists():
+        key = (
+            hmac.new(derive_from, _CHAIN_LABEL, hashlib.sha256).digest()
+            if derive_from
+            else secrets.token_bytes(32)
+        )
+        # Never replaces a key another process wrote meanwhile: that one is read below.
+        with contextlib.suppress(FileExistsError):
+            write_key_file(path, key, exclusive=True)
+    return base64.b64decode(path.read_text().strip())
 
 
-def audit_key_of(settings: Settings) -> bytes:
-    """The chain key the settings name: ``audit_key``, else the key file, made the first
-    time from the secrets key (the setting, else its key file, made now if missing): so
-    a store moved to new nodes with its secrets key, or restored beside it, keeps its
-    chain key; a later rotation of the secrets key does not change it."""
-    if settings.audit_key:
-        return base64.b64decode(settings.audit_key)
-    if settings.audit_key_path.exists():
-        return load_audit_key(settings.audit_key_path)
-    if settings.secrets_key:
-        derive = base64.b64decode(settings.secrets_key)
+def chain_key(audit_path: Path, *, secrets_path: Path, secrets_key: str | None = None) -> bytes:
+    """The chain key in ``audit_path``, made the first time from the secrets key (
+    ``secrets_key``, base64, else the key file ``secrets_path``, made now if missing, as
+    the daemon would make it at start): so a store moved to new nodes with its secrets
+    key, or restored beside it, keeps its chain key; a later rotation of the secrets key
+    does not change it."""
+    if audit_path.exists():
+        return load_audit_key(audit_path)
+    if secrets_key:
+        derive = base64.b64decode(secrets_key)
     else:
         from runnerd.vault import new_key, write_key_file
 
-        if not settings.secrets_key_path.exists():  # the daemon would make it at start
+        if not secrets_path.exists():
             with contextlib.suppress(FileExistsError):
-                write_key_file(settings.secrets_key_path, new_key(), exclusive=True)
-        derive = base64.b64decode(settings.secrets_key_path.read_text().strip())
-    return load_audit_key(settings.audit_key_path, derive_from=derive)
+                write_key_file(secrets_path, new_key(), exclusive=True)
+        derive = base64.b64decode(secrets_path.read_text().strip())
+    return load_audit_key(audit_path, derive_from=derive)
+
+
+def audit_key_of(settings: Settings) -> bytes:
+    """The chain key the settings name: ``audit_key``, else ``chain_key`` of the key
+    files they name."""
+    if settings.audit_key:
+        return base64.b64decode(settings.audit_key)
+    return chain_key(
+        settings.audit_key_path,
+        secrets_path=settings.secrets_key_path,
+        secrets_key=settings.secrets_key,
+    )
 
 
 class AuditEntry(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -216,7 +225,8 @@ class AuditStore(StoreBase):
         and ``checkpoint`` (a seq and hash an operator kept) when given."""
         prev, expected_seq, count = GENESIS, 1, 0
         hashes: dict[int, str] = {}
-        wanted = {kept[0] for kept in (checkpoint, self._read_head()) if kept is not None}
+        head_file = self._read_head()
+        wanted = {kept[0] for kept in (checkpoint, head_file) if kept is not None}
 
         def broken(seq: int, problem: str) -> AuditVerdict:
             return AuditVerdict(count, seq, problem, None, None)
@@ -244,7 +254,7 @@ class AuditStore(StoreBase):
         top = self.db.high_water("audit")
         if top is not None and top >= expected_seq:
             return broken(expected_seq, f"entries {expected_seq}..{top} were deleted")
-        for kept, what in ((self._read_head(), HEAD_FILE), (checkpoint, "the checkpoint")):
+        for kept, what in ((head_file, HEAD_FILE), (checkpoint, "the checkpoint")):
             seq, digest = kept if kept is not None else (None, None)
             if seq is None or digest is None:
                 continue

@@ -55,16 +55,17 @@ class StoreBase:
         database must be at exactly the schema this runnerd knows. ``connections``:
         worker threads for ``io`` on PostgreSQL, each with its own connection.
         ``audit_key``: the audit chain's key, else the one in ``audit_dir`` (a SQLite
-        file's folder by default), where the trail's checkpoint is kept too; a store with
+        file's folder by default; made from the secrets key file there, as the daemon's
+        is: audit.chain_key), where the trail's checkpoint is kept too; a store with
         neither (a test's database) chains under a key of its own, for its life only."""
-        from runnerd.store.audit import load_audit_key
+        from runnerd.store.audit import chain_key
 
         if audit_dir is None and isinstance(target, Path):
             audit_dir = target.parent
         keyed = audit_key is not None or audit_dir is not None
         if audit_key is None:
             audit_key = (
-                load_audit_key(audit_dir / "audit.key")
+                chain_key(audit_dir / "audit.key", secrets_path=audit_dir / "secrets.key")
                 if audit_dir is not None
                 else secrets.token_bytes(32)
             )
