@@ -231,10 +231,10 @@ def _target(response: httpx.Response) -> httpx.URL | None:
     if response.status_code not in _REDIRECTS or location is None:
         return None
     try:
-        # A Location with a scheme and no host (http: and then backslashes): URL parsers
+        # An http(s) Location with no host (http: and then backslashes): URL parsers
         # disagree on it (WHATWG reads another host, httpx a path), so it is not followed.
         alone = httpx.URL(location)
-        if alone.scheme and not alone.host:
+        if alone.scheme in _DEFAULT_PORTS and not alone.host:
             raise httpx.InvalidURL("a scheme without a host")
         target = response.request.url.join(location)
         origin = _origin(target)
