@@ -32,9 +32,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from egress_lab import HTTPS_PORT, egress_lab
-from runnerd.bench import bench_tool
+from runnerd.cli.bench import bench_tool
 from runnerd.config import load_settings
-from runnerd.run.engine import Engine, build_engine
+from runnerd.run.machine import Machine, build_machine
 from runnerd.upload.bundle import Tool
 
 CALL = """\
@@ -83,15 +83,15 @@ def _median(values: list[float]) -> float:
 
 
 async def _runs(
-    engine: Engine, tool: Tool, value: dict[str, str], grant: tuple[str, ...], runs: int
+    engine: Machine, tool: Tool, value: dict[str, str], grant: tuple[str, ...], runs: int
 ) -> tuple[list[float], list[float]]:
     """Whole-run latencies, and the call times the tool measured (if it reports them)."""
     whole, inside = [], []
-    await engine.runner.run(tool, value, egress=grant)  # starts the pool of this kind
+    await engine.pipeline.run(tool, value, egress=grant)  # starts the pool of this kind
     for _ in range(runs + 1):
         await asyncio.sleep(0.15)  # the pool refills, as under a steady load
         started = time.perf_counter()
-        result = await engine.runner.run(tool, value, egress=grant, logs=False)
+        result = await engine.pipeline.run(tool, value, egress=grant, logs=False)
         whole.append((time.perf_counter() - started) * 1000)
         assert result.status == "succeeded", result.error
         if result.output and "ms" in result.output:
@@ -128,11 +128,11 @@ def main() -> None:
         )  # fmt: skip
         grant = (f"{lab.server_ip}:{HTTPS_PORT}",)
         value = {"url": url, "ca": lab.ca_pem}
-        engine = build_engine(settings, warm=2)
+        engine = build_machine(settings, warm=2)
         call_whole, call_inside = asyncio.run(
             _runs(engine, bench_tool(engine, "call", ".py", CALL), value, grant, args.runs)
         )
-        engine = build_engine(settings, warm=2)
+        engine = build_machine(settings, warm=2)
         prepare = bench_tool(engine, "prepare", ".py", PREPARE)
         plain_whole, _ = asyncio.run(_runs(engine, prepare, value, (), args.runs))
     direct_median, through = _median(direct_ms), _median(call_inside)

@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from runnerd.bench import bare_jail, bench_tool
+from runnerd.cli.bench import bare_jail, bench_tool
 from runnerd.config import load_settings
-from runnerd.run.engine import Engine, build_engine
+from runnerd.run.machine import Machine, build_machine
 from runnerd.run.runtimes import clean_env
 from runnerd.upload.bundle import Tool
 
@@ -36,15 +36,15 @@ def _time(fn: Callable[[], object], runs: int) -> list[float]:
     return out
 
 
-async def _warm_calls(engine: Engine, tool: Tool, runs: int) -> list[float]:
+async def _warm_calls(engine: Machine, tool: Tool, runs: int) -> list[float]:
     """Call latency with a waiting jail: the pool refills between calls (a pause long
     enough for one jail start), as it does under a steady load below the pool size."""
     out = []
-    await engine.runner.run(tool, {"n": 1})  # starts the pool of this kind
+    await engine.pipeline.run(tool, {"n": 1})  # starts the pool of this kind
     for _ in range(runs + 1):
         await asyncio.sleep(0.15)
         start = time.perf_counter()
-        result = await engine.runner.run(tool, {"n": 1}, logs=False)  # as the daemon calls
+        result = await engine.pipeline.run(tool, {"n": 1}, logs=False)  # as the daemon calls
         out.append((time.perf_counter() - start) * 1000)
         assert result.status == "succeeded", result.error
     await engine.sandbox.close()
@@ -57,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     data = Path(tempfile.mkdtemp(prefix="runnerd-bench-", dir="/tmp"))
     data.chmod(0o711)
-    engine = build_engine(load_settings(flags={"data_dir": data}))
+    engine = build_machine(load_settings(flags={"data_dir": data}))
     rt = engine.runtimes
     assert rt.python is not None and rt.node is not None
     env = clean_env()
@@ -67,7 +67,7 @@ def main() -> None:
 
     def tool_run(tool: Tool) -> Callable[[], object]:
         def go() -> object:
-            result = asyncio.run(engine.runner.run(tool, {"n": 1}))
+            result = asyncio.run(engine.pipeline.run(tool, {"n": 1}))
             assert result.status == "succeeded", result.error
             return result
 
@@ -98,7 +98,7 @@ def main() -> None:
         ("runnerd warm: trivial JavaScript tool", js_tool),
         ("runnerd warm: trivial TypeScript tool", ts_tool),
     ):
-        warm = build_engine(load_settings(flags={"data_dir": data}), warm=1)
+        warm = build_machine(load_settings(flags={"data_dir": data}), warm=1)
         results[label] = asyncio.run(_warm_calls(warm, tool, args.runs))
     med = {name: statistics.median(v) for name, v in results.items()}
     print(f"runs per row: {args.runs}; cgroups: {engine.cgroups.mode}")

@@ -31,9 +31,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from daemon import Daemon, running_daemon  # noqa: E402
 from pg_cluster import PgCluster  # noqa: E402
-from runnerd.bench import bare_jail  # noqa: E402
+from runnerd.cli.bench import bare_jail  # noqa: E402
 from runnerd.config import load_settings  # noqa: E402
-from runnerd.run.engine import build_engine  # noqa: E402
+from runnerd.run.machine import build_machine  # noqa: E402
 from runnerd.run.runtimes import clean_env  # noqa: E402
 
 TOOL, VALUE = "route_ticket", {"subject": "Invoice", "customer_tier": "free"}
@@ -135,7 +135,7 @@ def main() -> None:
 
     data = Path(tempfile.mkdtemp(prefix="runnerd-bench-", dir="/tmp"))
     data.chmod(0o711)
-    engine = build_engine(load_settings(flags={"data_dir": data}))
+    engine = build_machine(load_settings(flags={"data_dir": data}))
     python = engine.runtimes.python
     assert python is not None
     env = clean_env()

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from runnerd import constants as C
+from runnerd import limits as C
 from runnerd.errors import RunnerdError
 
 __all__ = ["ConfigError", "Settings", "load_settings"]

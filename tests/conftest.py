@@ -18,12 +18,12 @@ import pytest
 
 from pg_cluster import PgCluster
 from runnerd.config import load_settings
-from runnerd.run.engine import Engine, build_engine
-from runnerd.run.runner import RunResult
+from runnerd.run.machine import Machine, build_machine
+from runnerd.run.pipeline import RunResult
 from runnerd.run.runtimes import find_node
+from runnerd.run.toolchain import Toolchain
 from runnerd.store import Store
 from runnerd.upload.bundle import Tool, load_bundle
-from runnerd.upload.toolchain import Toolchain
 
 if TYPE_CHECKING:
     from daemon import Daemon
@@ -55,7 +55,7 @@ def run_cli(
     )
 
 
-def engine_env(engine: Engine) -> dict[str, str]:
+def engine_env(engine: Machine) -> dict[str, str]:
     """The variables that make a local ``runnerd`` command use ``engine``'s data dir,
     toolchain and sandbox uids."""
     s = engine.settings
@@ -273,7 +273,7 @@ def make_app(tmp_path: Path) -> Callable[..., AppDir]:
 
 
 @pytest.fixture(scope="session")
-def engine(toolchain_dir: Path) -> Iterator[Engine]:
+def engine(toolchain_dir: Path) -> Iterator[Machine]:
     # Not under pytest's 0700 tmp folder: jails' uids must be able to enter the data dir.
     data = Path(tempfile.mkdtemp(prefix="runnerd-test-", dir="/tmp"))
     data.chmod(0o711)
@@ -286,12 +286,12 @@ def engine(toolchain_dir: Path) -> Iterator[Engine]:
             "sandbox_uid_count": 64,
         },
     )
-    yield build_engine(settings)
+    yield build_machine(settings)
     shutil.rmtree(data, ignore_errors=True)
 
 
 def make_tool(
-    engine: Engine,
+    engine: Machine,
     source: str,
     *,
     ext: str = ".py",
@@ -323,8 +323,8 @@ def make_tool(
     return tool
 
 
-def run_tool(engine: Engine, tool: Tool, value: Any = None, **kw: Any) -> RunResult:
-    return asyncio.run(engine.runner.run(tool, {} if value is None else value, **kw))
+def run_tool(engine: Machine, tool: Tool, value: Any = None, **kw: Any) -> RunResult:
+    return asyncio.run(engine.pipeline.run(tool, {} if value is None else value, **kw))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

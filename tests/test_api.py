@@ -376,7 +376,7 @@ def test_app_list_never_returns_code(daemon: Daemon, install: dict[str, Any]) ->
 
 
 def test_every_route_answers_errors_in_the_envelope(daemon: Daemon) -> None:
-    from runnerd.api.app import OPS
+    from runnerd.daemon.app import OPS
 
     for op in OPS:
         path = op.path.format(

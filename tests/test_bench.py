@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from runnerd.bench import BURST, CLIENTS, Bench, Stats
+from runnerd.cli.bench import BURST, CLIENTS, Bench, Stats
 
 pytestmark = pytest.mark.jail
 

@@ -12,10 +12,10 @@ import pytest
 from conftest import PY_SOURCE, TOOL_YAML, AppDir
 from runnerd.cli.main import main
 from runnerd.errors import BundleRejected
+from runnerd.run.toolchain import Toolchain
 from runnerd.store import Store
 from runnerd.upload.bundle import read_app_dir
 from runnerd.upload.deploy import upload_version
-from runnerd.upload.toolchain import Toolchain
 
 MakeApp = Callable[..., AppDir]
 

@@ -1,4 +1,4 @@
-"""runnerd.checks.checker: checks off the event loop, within a budget, and inline only when a
+"""runnerd.checks.pool: checks off the event loop, within a budget, and inline only when a
 bound on their work is known and small."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runnerd.checks.checker import INLINE_WORK, Checker, CheckTimedOut, Validators
+from runnerd.checks.pool import INLINE_WORK, Checker, CheckTimedOut, Validators
 from runnerd.checks.schemas import compile_schema, schema_cost
 
 # anyOf of two equal branches recursing into each item: 2**depth checks of a value that

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLE, AppDir, run_cli
-from runnerd.upload.toolchain import Toolchain
+from runnerd.run.toolchain import Toolchain
 
 
 def runnerd(

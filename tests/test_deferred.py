@@ -1,4 +1,4 @@
-"""Work after an answer (runnerd/deferred.py): the next warm jail's start waits until
+"""Work after an answer (runnerd/after_answer.py): the next warm jail's start waits until
 the answer that made room for it has been sent."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from runnerd.deferred import AnswerFirst, after_answer
+from runnerd.after_answer import AnswerFirst, after_answer
 
 
 def _scope() -> dict[str, Any]:

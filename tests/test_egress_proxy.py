@@ -490,7 +490,7 @@ def test_every_refusal_reason_the_proxy_records_is_one_the_api_names() -> None:
     """A run's history shows each reason the proxy can record (else it would drop it)."""
     import typing
 
-    from runnerd.api.wire import EgressUse
+    from runnerd.api.bodies import EgressUse
     from runnerd.run import proxy
 
     hint = typing.get_type_hints(EgressUse)["refused"]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLE, engine_env, make_tool, run_cli
-from runnerd.run.engine import Engine
-from runnerd.run.envs import EnvBuildFailed
+from runnerd.run.machine import Machine
+from runnerd.run.package_envs import EnvBuildFailed
 from runnerd.store import Store
 from runnerd.upload.bundle import read_app_dir
 from runnerd.upload.deploy import upload_version
@@ -18,7 +18,7 @@ from runnerd.upload.deploy import upload_version
 pytestmark = [pytest.mark.jail, pytest.mark.network]
 
 
-def test_key_is_ecosystem_runtime_and_sorted_pins(engine: Engine) -> None:
+def test_key_is_ecosystem_runtime_and_sorted_pins(engine: Machine) -> None:
     a = engine.envs.key("python", ["b==1.0", "a==2.0"])
     b = engine.envs.key("python", ["a==2.0", "b==1.0"])
     assert a == b and a.startswith("pypi-python3.")
@@ -28,11 +28,11 @@ def test_key_is_ecosystem_runtime_and_sorted_pins(engine: Engine) -> None:
     assert engine.envs.key("javascript", ["zod@3.25.76"]).startswith("npm-node")
 
 
-def test_tools_without_packages_use_no_env(engine: Engine) -> None:
+def test_tools_without_packages_use_no_env(engine: Machine) -> None:
     assert asyncio.run(engine.envs.ensure("python", ())) is None
 
 
-def test_concurrent_builds_of_one_key_coalesce(engine: Engine) -> None:
+def test_concurrent_builds_of_one_key_coalesce(engine: Machine) -> None:
     pins = ("six==1.16.0",)
     key = engine.envs.key("python", pins)
     assert engine.envs.ready("python", pins) is None
@@ -51,7 +51,7 @@ def test_concurrent_builds_of_one_key_coalesce(engine: Engine) -> None:
     assert site.stat().st_uid == 0 and not site.stat().st_mode & 0o022
 
 
-def test_build_failure_reports_the_installers_message(engine: Engine) -> None:
+def test_build_failure_reports_the_installers_message(engine: Machine) -> None:
     with pytest.raises(EnvBuildFailed) as caught:
         engine.envs.ensure_sync("python", ("attrs==0.0.1",))
     assert "attrs" in str(caught.value) and "0.0.1" in str(caught.value)
@@ -60,16 +60,16 @@ def test_build_failure_reports_the_installers_message(engine: Engine) -> None:
     assert "No matching version" in str(npm.value) or "ETARGET" in str(npm.value)
 
 
-def test_run_uses_the_env_and_builds_it_first_when_missing(engine: Engine) -> None:
+def test_run_uses_the_env_and_builds_it_first_when_missing(engine: Machine) -> None:
     tool = make_tool(
         engine,
         "import six\ndef run(i):\n    return {'v': six.__version__}\n",
         packages=("six==1.16.0",),
     )
-    assert asyncio.run(engine.runner.run(tool, {})).output == {"v": "1.16.0"}
+    assert asyncio.run(engine.pipeline.run(tool, {})).output == {"v": "1.16.0"}
 
 
-def test_envs_list_and_prune_through_the_cli(engine: Engine, tmp_path: Path) -> None:
+def test_envs_list_and_prune_through_the_cli(engine: Machine, tmp_path: Path) -> None:
     data = engine.settings.data_dir
     app = tmp_path / "app"
     (app / "tools").mkdir(parents=True)

@@ -17,7 +17,7 @@ from ruamel.yaml import YAML
 
 from conftest import EXAMPLE
 from runnerd.checks.schemas import compile_schema
-from runnerd.upload.toolchain import Toolchain
+from runnerd.run.toolchain import Toolchain
 
 TOOLS = EXAMPLE / "tools"
 

@@ -21,9 +21,9 @@ import pytest
 from conftest import engine_env, make_tool, run_cli, run_tool, tool_doc
 from daemon import Daemon, HealthProbe
 from egress_lab import HTTP_PORT, EgressLab, run_ok
-from runnerd.run.engine import Engine
 from runnerd.run.jail import REPLY_GRACE_S, STOP_GRACE_S
-from runnerd.run.runner import RunResult
+from runnerd.run.machine import Machine
+from runnerd.run.pipeline import RunResult
 
 ORDINARY = "def run(i):\n    return {'ok': True}\n"
 
@@ -38,7 +38,7 @@ def call(name, *args):
 """
 
 
-def _jail_uids(engine: Engine) -> range:
+def _jail_uids(engine: Machine) -> range:
     base = engine.settings.sandbox_uid_base
     return range(base - 1, base + engine.settings.sandbox_uid_count)
 
@@ -57,7 +57,7 @@ def _processes_of(uids: range) -> list[str]:
 
 
 @pytest.fixture
-def contained(engine: Engine) -> Iterator[None]:
+def contained(engine: Machine) -> Iterator[None]:
     """After the test: no process of a jail uid is left, and an ordinary run succeeds."""
     yield
     deadline = time.monotonic() + 2
@@ -69,7 +69,7 @@ def contained(engine: Engine) -> Iterator[None]:
 
 
 def attack(
-    engine: Engine,
+    engine: Machine,
     source: str,
     value: Any = None,
     *,
@@ -80,7 +80,7 @@ def attack(
     return run_tool(engine, make_tool(engine, source, ext=ext, timeout_ms=timeout_ms), value, **kw)
 
 
-def report(engine: Engine, source: str, value: Any = None, **kw: Any) -> dict[str, Any]:
+def report(engine: Machine, source: str, value: Any = None, **kw: Any) -> dict[str, Any]:
     """Run a hostile tool that reports what it managed; it must itself succeed."""
     result = attack(engine, source, value, **kw)
     assert result.status == "succeeded", result.error
@@ -103,18 +103,18 @@ pytestmark = [pytest.mark.jail, pytest.mark.usefixtures("contained")]
 # --- reading what is not the tool's ---------------------------------------------------------
 
 
-def test_read_etc_shadow(engine: Engine) -> None:
+def test_read_etc_shadow(engine: Machine) -> None:
     assert report(engine, READ, {"path": "/etc/shadow"}) == {"error": "FileNotFoundError"}
 
 
-def test_read_the_data_dir_and_its_database(engine: Engine) -> None:
+def test_read_the_data_dir_and_its_database(engine: Machine) -> None:
     data = engine.settings.data_dir
     (data / "runnerd.db").touch()
     for path in (data / "runnerd.db", data / "runnerd.db-wal", data):
         assert report(engine, READ, {"path": str(path)}) == {"error": "FileNotFoundError"}
 
 
-def test_no_other_tools_code_is_anywhere_in_the_jail(engine: Engine) -> None:
+def test_no_other_tools_code_is_anywhere_in_the_jail(engine: Machine) -> None:
     # Another tool ran before; its code reached its own jail over stdin, never a file.
     run_tool(
         engine, make_tool(engine, "SECRET_LOGIC = 42\ndef run(i):\n    return {}\n", name="other")
@@ -142,12 +142,12 @@ def run(i):
     assert report(engine, source) == {"hits": [], "tool_dir": False, "seen": True}
 
 
-def test_proc_1_environ_and_proc_are_absent(engine: Engine) -> None:
+def test_proc_1_environ_and_proc_are_absent(engine: Machine) -> None:
     for path in ("/proc/1/environ", "/proc/self/environ", "/sys/kernel/notes"):
         assert report(engine, READ, {"path": path}) == {"error": "FileNotFoundError"}
 
 
-def test_root_holds_only_what_the_interpreter_needs(engine: Engine) -> None:
+def test_root_holds_only_what_the_interpreter_needs(engine: Machine) -> None:
     source = (
         "import os\ndef run(i):\n    return {'root': sorted(os.listdir('/')), "
         "'dev': sorted(os.listdir('/dev'))}\n"
@@ -175,13 +175,13 @@ def run(i):
 """
 
 
-def test_write_outside_tmp(engine: Engine) -> None:
+def test_write_outside_tmp(engine: Machine) -> None:
     paths = ["/tool/t.py", "/usr/evil", "/etc/evil", "/evil", engine.sandbox.python_harness]
     out = report(engine, WRITE, {"paths": paths})
     assert all(v != "written" for v in out.values()), out
 
 
-def test_files_do_not_persist_between_runs(engine: Engine) -> None:
+def test_files_do_not_persist_between_runs(engine: Machine) -> None:
     paths = ["/tmp/persist", "/dev/shm/persist", "/var/tmp/persist"]
     first = report(engine, WRITE, {"paths": paths})
     assert first["/tmp/persist"] == "written"
@@ -189,7 +189,7 @@ def test_files_do_not_persist_between_runs(engine: Engine) -> None:
     assert report(engine, check, {"paths": paths}) == dict.fromkeys(paths, False)
 
 
-def test_disk_fill_of_tmp_stops_at_the_tmpfs_size(engine: Engine) -> None:
+def test_disk_fill_of_tmp_stops_at_the_tmpfs_size(engine: Machine) -> None:
     source = """
 def run(i):
     written = 0
@@ -210,7 +210,7 @@ def run(i):
 # --- network ----------------------------------------------------------------------------------
 
 
-def test_connect_to_the_daemon_port_on_localhost(engine: Engine) -> None:
+def test_connect_to_the_daemon_port_on_localhost(engine: Machine) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
@@ -233,7 +233,7 @@ def run(i):
     assert out == {"connected": False, "error": "ConnectionRefusedError"}
 
 
-def test_no_route_to_any_outside_address(engine: Engine) -> None:
+def test_no_route_to_any_outside_address(engine: Machine) -> None:
     # A UDP connect() only looks the route up; it sends nothing, jailed or not.
     # Interfaces by index (SIOCGIFNAME): if_nameindex() needs netlink, which is denied.
     source = """
@@ -259,7 +259,7 @@ def run(i):
     assert report(engine, source) == {"interfaces": ["lo"], "route": False}
 
 
-def test_raw_and_packet_sockets(engine: Engine) -> None:
+def test_raw_and_packet_sockets(engine: Machine) -> None:
     source = """
 import socket
 def run(i):
@@ -280,7 +280,7 @@ def run(i):
 # --- processes --------------------------------------------------------------------------------
 
 
-def test_fork_bomb(engine: Engine) -> None:
+def test_fork_bomb(engine: Machine) -> None:
     source = """
 import os, time
 def run(i):
@@ -299,14 +299,14 @@ def run(i):
     assert out["error"] == "BlockingIOError"
 
 
-def test_memory_bomb_python(engine: Engine) -> None:
+def test_memory_bomb_python(engine: Machine) -> None:
     source = "def run(i):\n    hog = []\n    while True:\n        hog.append(bytearray(64 << 20))\n"
     result = attack(engine, source)
     assert result.status == "failed"
     assert result.error is not None and result.error.startswith(("MemoryError", "the tool was"))
 
 
-def test_memory_bomb_node(engine: Engine) -> None:
+def test_memory_bomb_node(engine: Machine) -> None:
     source = (
         "export function run() {\n  const hog = []\n"
         "  for (;;) hog.push(new Array(1 << 20).fill(7))\n}\n"
@@ -315,7 +315,7 @@ def test_memory_bomb_node(engine: Engine) -> None:
     assert result.status == "failed"
 
 
-def test_stdout_flood(engine: Engine) -> None:
+def test_stdout_flood(engine: Machine) -> None:
     source = (
         "import sys\ndef run(i):\n    for _ in range(200_000):\n"
         "        sys.stdout.write('y' * 1000 + '\\n')\n    return {'done': True}\n"
@@ -325,13 +325,13 @@ def test_stdout_flood(engine: Engine) -> None:
     assert result.logs_truncated and len(result.logs) == 64 * 1024
 
 
-def test_cpu_spin_past_the_timeout(engine: Engine) -> None:
+def test_cpu_spin_past_the_timeout(engine: Machine) -> None:
     result = attack(engine, "def run(i):\n    while True:\n        pass\n", timeout_ms=1000)
     assert result.status == "timed_out"
     assert result.duration_ms < 2000
 
 
-def test_child_that_ignores_sigterm_and_outlives_its_parent(engine: Engine) -> None:
+def test_child_that_ignores_sigterm_and_outlives_its_parent(engine: Machine) -> None:
     source = """
 import os, signal, time
 def run(i):
@@ -349,7 +349,7 @@ def run(i):
     assert report(engine, source) == {"spawned": True}
 
 
-def test_hung_tool_with_daemon_children_dies_at_the_deadline(engine: Engine) -> None:
+def test_hung_tool_with_daemon_children_dies_at_the_deadline(engine: Machine) -> None:
     source = """
 import os, signal, time
 def run(i):
@@ -423,13 +423,13 @@ def _cgroups_of(uids: range) -> set[Path]:
 
 @pytest.mark.parametrize("ext", [".py", ".mjs"])
 def test_a_tool_that_disables_exit_and_leaves_busy_threads_is_stopped_right_after_its_reply(
-    engine: Engine, ext: str
+    engine: Machine, ext: str
 ) -> None:
     tool = make_tool(engine, LINGERING[ext], ext=ext, timeout_ms=30_000)
 
     async def scenario() -> tuple[RunResult, float, float, set[Path]]:
         started = time.monotonic()
-        result = await engine.runner.run(tool, {}, logs=False)
+        result = await engine.pipeline.run(tool, {}, logs=False)
         answered = time.monotonic()
         # It replied: its end goes on in the background (the jail is still serving).
         uids = range(0)
@@ -513,7 +513,7 @@ def test_quick_calls_never_leave_more_live_jails_than_max_concurrent_runs(
         assert samples[-1]["python"] == warm  # after the burst, only the waiting ones
 
 
-def test_kill_minus_one_and_other_pids(engine: Engine) -> None:
+def test_kill_minus_one_and_other_pids(engine: Machine) -> None:
     source = (
         SYSCALL
         + """
@@ -537,7 +537,7 @@ def run(i):
     assert out == {"host": "ProcessLookupError", "pid": 1}
 
 
-def test_ptrace(engine: Engine) -> None:
+def test_ptrace(engine: Machine) -> None:
     source = (
         SYSCALL
         + """
@@ -575,7 +575,7 @@ def run(i):
         ("syscall", "164, 0, 0", 1),  # settimeofday
     ],
 )
-def test_denied_syscalls(engine: Engine, name: str, args: str, errno: int) -> None:
+def test_denied_syscalls(engine: Machine, name: str, args: str, errno: int) -> None:
     source = (
         SYSCALL + f"\ndef run(i):\n    rc, err = call({name!r}, {args})\n"
         "    return {'rc': rc, 'errno': err}\n"
@@ -583,7 +583,7 @@ def test_denied_syscalls(engine: Engine, name: str, args: str, errno: int) -> No
     assert report(engine, source) == {"rc": -1, "errno": errno}
 
 
-def test_setuid_binaries_and_privileges(engine: Engine) -> None:
+def test_setuid_binaries_and_privileges(engine: Machine) -> None:
     source = (
         SYSCALL
         + """
@@ -634,12 +634,12 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def test_jail_runs_as_an_unprivileged_outside_uid(engine: Engine) -> None:
+def test_jail_runs_as_an_unprivileged_outside_uid(engine: Machine) -> None:
     source = "import time\ndef run(i):\n    time.sleep(0.4)\n    return {}\n"
     tool = make_tool(engine, source)
 
     async def observe() -> list[int]:
-        task = asyncio.ensure_future(engine.runner.run(tool, {}))
+        task = asyncio.ensure_future(engine.pipeline.run(tool, {}))
         await asyncio.sleep(0.25)
         # This test's own jails only: other runnerds on the host (and the daemons this
         # session started) run jails too. The engine's nsjails are this process's children.
@@ -670,7 +670,7 @@ def test_jail_runs_as_an_unprivileged_outside_uid(engine: Engine) -> None:
 
 
 def test_concurrent_runs_get_distinct_uids_and_cannot_see_each_others_secrets(
-    engine: Engine,
+    engine: Machine,
 ) -> None:
     holder = make_tool(
         engine,
@@ -692,10 +692,10 @@ def run(i):
 
     async def both() -> tuple[Any, Any]:
         first = asyncio.ensure_future(
-            engine.runner.run(holder, {}, secrets={"HOLDER_SECRET": "hs-7f9d2c1b"})
+            engine.pipeline.run(holder, {}, secrets={"HOLDER_SECRET": "hs-7f9d2c1b"})
         )
         await asyncio.sleep(0.2)
-        second = await engine.runner.run(spy, {}, secrets={"SPY_KEY": "spy-0000"})
+        second = await engine.pipeline.run(spy, {}, secrets={"SPY_KEY": "spy-0000"})
         return await first, second
 
     first, second = asyncio.run(both())
@@ -703,7 +703,7 @@ def run(i):
     assert second.output == {"keys": ["HOME", "LANG", "PATH", "SPY_KEY"], "proc": [], "pid": 1}
 
 
-def test_node_cannot_spawn_a_shell_or_read_host_files(engine: Engine) -> None:
+def test_node_cannot_spawn_a_shell_or_read_host_files(engine: Machine) -> None:
     source = """
 import { execFileSync } from 'node:child_process'
 import { readFileSync } from 'node:fs'
@@ -718,7 +718,7 @@ export function run() {
     assert out == {"sh": "ENOENT", "passwd": "ENOENT"}
 
 
-def test_raising_rlimits_is_refused(engine: Engine) -> None:
+def test_raising_rlimits_is_refused(engine: Machine) -> None:
     source = """
 import resource
 def run(i):
@@ -733,7 +733,7 @@ def run(i):
     assert out == {"raised": False, "hard": engine.settings.pids}
 
 
-def test_forged_result_cannot_bypass_output_checks(engine: Engine) -> None:
+def test_forged_result_cannot_bypass_output_checks(engine: Machine) -> None:
     source = """
 import os, sys
 def run(i):
@@ -746,7 +746,7 @@ def run(i):
     assert result.error is not None and "output schema" in result.error
 
 
-def test_huge_result_channel_write_is_capped(engine: Engine) -> None:
+def test_huge_result_channel_write_is_capped(engine: Machine) -> None:
     source = (
         "import os, sys\ndef run(i):\n    os.write(int(sys.argv[1]), b'[' * (4 << 20))\n"
         "    os._exit(0)\n"
@@ -756,7 +756,7 @@ def test_huge_result_channel_write_is_capped(engine: Engine) -> None:
     assert result.error is not None and result.error.startswith("output is larger than 1 MB")
 
 
-def test_node_worker_thread_bomb(engine: Engine) -> None:
+def test_node_worker_thread_bomb(engine: Machine) -> None:
     source = """
 import { Worker } from 'node:worker_threads'
 export async function run() {
@@ -777,7 +777,7 @@ export async function run() {
         assert result.output is not None and result.output["started"] < 500
 
 
-def test_node_wasm_memory_bomb(engine: Engine) -> None:
+def test_node_wasm_memory_bomb(engine: Machine) -> None:
     source = """
 export function run() {
   const pages = []
@@ -792,7 +792,7 @@ export function run() {
     assert result.status == "failed"
 
 
-def test_node_fetch_to_the_daemon_port(engine: Engine) -> None:
+def test_node_fetch_to_the_daemon_port(engine: Machine) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
@@ -817,7 +817,7 @@ export async function run(i) {
 # --- through `runnerd tool test`: socket families, syscalls, what the jail sees --------------
 
 
-def tool_test(engine: Engine, tmp_path: Path, source: str, ext: str = ".py") -> dict[str, Any]:
+def tool_test(engine: Machine, tmp_path: Path, source: str, ext: str = ".py") -> dict[str, Any]:
     """Run ``source`` as a tool with `runnerd tool test --json` (the real CLI and jail);
     its output, which the tool returns on success."""
     tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))
@@ -855,7 +855,7 @@ def run(i):
 )
 
 
-def test_only_unix_and_inet_sockets_can_be_created(engine: Engine, tmp_path: Path) -> None:
+def test_only_unix_and_inet_sockets_can_be_created(engine: Machine, tmp_path: Path) -> None:
     out = tool_test(engine, tmp_path, SOCKETS)
     eafnosupport = 97
     assert out == {
@@ -911,7 +911,7 @@ def run(i):
 
 
 def test_pidfd_getfd_modify_ldt_execveat_and_personas_are_refused(
-    engine: Engine, tmp_path: Path
+    engine: Machine, tmp_path: Path
 ) -> None:
     eperm = -1
     assert tool_test(engine, tmp_path, EXOTIC) == {
@@ -981,7 +981,7 @@ def _expected_view(mounts: tuple[str, ...], extra: list[str]) -> set[str]:
 JAIL_DEVICES = ["/dev/null", "/dev/urandom", "/tmp"]
 
 
-def test_the_python_jail_shows_exactly_its_runtime(engine: Engine, tmp_path: Path) -> None:
+def test_the_python_jail_shows_exactly_its_runtime(engine: Machine, tmp_path: Path) -> None:
     runtime = engine.runtimes.python
     assert runtime is not None
     out = tool_test(engine, tmp_path, WALK_PY)
@@ -993,7 +993,7 @@ def test_the_python_jail_shows_exactly_its_runtime(engine: Engine, tmp_path: Pat
     assert out["setid"] == []
 
 
-def test_the_node_jail_shows_exactly_its_runtime(engine: Engine, tmp_path: Path) -> None:
+def test_the_node_jail_shows_exactly_its_runtime(engine: Machine, tmp_path: Path) -> None:
     runtime = engine.runtimes.node
     assert runtime is not None
     out = tool_test(engine, tmp_path, WALK_JS, ext=".mjs")
@@ -1036,7 +1036,7 @@ export function run() {
 """
 
 
-def test_nothing_written_to_tmp_can_be_executed_or_loaded(engine: Engine, tmp_path: Path) -> None:
+def test_nothing_written_to_tmp_can_be_executed_or_loaded(engine: Machine, tmp_path: Path) -> None:
     assert tool_test(engine, tmp_path, NOEXEC_PY) == {"exec": 13, "dlopen": True}  # EACCES
     assert tool_test(engine, tmp_path, NOEXEC_JS, ext=".mjs") == {"exec": "EACCES"}
 

@@ -16,7 +16,6 @@ import pytest
 
 from conftest import make_tool
 from runnerd.config import load_settings
-from runnerd.run.engine import Engine
 from runnerd.run.jail import (
     LEFTOVER_WAIT_S,
     REPLY_GRACE_S,
@@ -28,6 +27,7 @@ from runnerd.run.jail import (
     UidPool,
     kill_leftovers,
 )
+from runnerd.run.machine import Machine
 
 
 def test_two_pools_over_one_host_folder_never_hand_out_the_same_uid(tmp_path: Path) -> None:
@@ -59,7 +59,7 @@ LINGER = (
 
 
 @pytest.mark.jail
-def test_a_calls_jail_end_comes_once_its_jail_is_reaped_not_at_its_answer(engine: Engine) -> None:
+def test_a_calls_jail_end_comes_once_its_jail_is_reaped_not_at_its_answer(engine: Machine) -> None:
     """What the run slots count: ``on_end`` is called once, after the answer, when the
     jail (here one that would linger 60 s past its reply) has been stopped and reaped."""
     seen: list[tuple[float, bool]] = []
@@ -68,7 +68,7 @@ def test_a_calls_jail_end_comes_once_its_jail_is_reaped_not_at_its_answer(engine
         serving: list[Any] = []
         end = JailEnd(lambda: seen.append((time.monotonic(), all(not j.alive for j in serving))))
         started = time.monotonic()
-        result = await engine.runner.run(make_tool(engine, LINGER), {}, logs=False, on_end=end)
+        result = await engine.pipeline.run(make_tool(engine, LINGER), {}, logs=False, on_end=end)
         answered = time.monotonic()
         assert result.status == "succeeded", result.error
         serving.extend(engine.sandbox._serving)
@@ -88,7 +88,7 @@ def test_a_calls_jail_end_comes_once_its_jail_is_reaped_not_at_its_answer(engine
 
 @pytest.mark.jail
 def test_a_jail_whose_nsjail_must_be_killed_ends_with_nothing_of_it_running(
-    engine: Engine,
+    engine: Machine,
 ) -> None:
     """nsjail stopped (SIGSTOP: it cannot act on SIGTERM) is killed STOP_GRACE_S later;
     its jail's processes die with it, and the call's end comes once none of them runs."""
@@ -97,7 +97,7 @@ def test_a_jail_whose_nsjail_must_be_killed_ends_with_nothing_of_it_running(
     async def scenario() -> None:
         uid: list[int] = []
         end = JailEnd(lambda: seen.append(_pids_of(uid[0])))
-        result = await engine.runner.run(make_tool(engine, LINGER), {}, logs=False, on_end=end)
+        result = await engine.pipeline.run(make_tool(engine, LINGER), {}, logs=False, on_end=end)
         assert result.status == "succeeded", result.error
         [jail] = engine.sandbox._serving
         uid.append(jail.uid)
@@ -111,7 +111,7 @@ def test_a_jail_whose_nsjail_must_be_killed_ends_with_nothing_of_it_running(
 
 
 @pytest.mark.jail
-def test_a_calls_jail_end_comes_at_once_when_no_jail_can_start(engine: Engine) -> None:
+def test_a_calls_jail_end_comes_at_once_when_no_jail_can_start(engine: Machine) -> None:
     no_python = Sandbox(
         nsjail=engine.sandbox.nsjail,
         runtimes=dataclasses.replace(engine.runtimes, python=None),

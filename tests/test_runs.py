@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from conftest import make_tool, run_tool
-from runnerd.run.engine import Engine
 from runnerd.run.jail import spawn
-from runnerd.run.runner import InputRejected, RunResult, metered_ms
+from runnerd.run.machine import Machine
+from runnerd.run.pipeline import InputRejected, RunResult, metered_ms
 
 pytestmark = pytest.mark.jail
 
@@ -55,7 +55,7 @@ KINDS = [
 
 
 @pytest.mark.parametrize(("ext", "source"), KINDS)
-def test_every_language_and_module_kind_succeeds(engine: Engine, ext: str, source: str) -> None:
+def test_every_language_and_module_kind_succeeds(engine: Machine, ext: str, source: str) -> None:
     tool = make_tool(engine, source, ext=ext, input_schema=ADD_SCHEMA)
     result = run_tool(engine, tool, {"n": 41})
     assert (result.status, result.output, result.error) == ("succeeded", {"n": 42}, None)
@@ -63,14 +63,14 @@ def test_every_language_and_module_kind_succeeds(engine: Engine, ext: str, sourc
 
 
 @pytest.mark.network
-def test_pinned_pypi_package(engine: Engine) -> None:
+def test_pinned_pypi_package(engine: Machine) -> None:
     source = "import attrs\n\ndef run(input):\n    return {'v': attrs.__version__}\n"
     tool = make_tool(engine, source, packages=("attrs==24.2.0",))
     assert run_tool(engine, tool).output == {"v": "24.2.0"}
 
 
 @pytest.mark.network
-def test_pinned_npm_package(engine: Engine) -> None:
+def test_pinned_npm_package(engine: Machine) -> None:
     source = (
         "import { z } from 'zod'\n"
         "const Offer = z.object({ n: z.number().int() })\n"
@@ -84,7 +84,7 @@ def test_pinned_npm_package(engine: Engine) -> None:
 
 
 @pytest.mark.network
-def test_tools_with_the_same_packages_share_one_env(engine: Engine) -> None:
+def test_tools_with_the_same_packages_share_one_env(engine: Machine) -> None:
     one = make_tool(
         engine,
         "import attrs\ndef run(i):\n    return {}\n",
@@ -102,7 +102,7 @@ def test_tools_with_the_same_packages_share_one_env(engine: Engine) -> None:
 # --- refusals before the sandbox --------------------------------------------------------------
 
 
-def test_invalid_input_is_refused_with_the_json_pointer(engine: Engine) -> None:
+def test_invalid_input_is_refused_with_the_json_pointer(engine: Machine) -> None:
     tool = make_tool(engine, "def run(i):\n    return i\n", input_schema=ADD_SCHEMA)
     with pytest.raises(InputRejected) as caught:
         run_tool(engine, tool, {"n": 1, "tags": ["a", 2]})
@@ -112,7 +112,7 @@ def test_invalid_input_is_refused_with_the_json_pointer(engine: Engine) -> None:
     assert (missing.value.pointer, str(missing.value)) == ("/n", "input /n is required")
 
 
-def test_input_over_256_kb_is_refused(engine: Engine) -> None:
+def test_input_over_256_kb_is_refused(engine: Machine) -> None:
     tool = make_tool(engine, "def run(i):\n    return {}\n")
     with pytest.raises(InputRejected) as caught:
         run_tool(engine, tool, {"s": "x" * (256 * 1024)})
@@ -123,7 +123,7 @@ def test_input_over_256_kb_is_refused(engine: Engine) -> None:
 # --- failures after the start -----------------------------------------------------------------
 
 
-def test_thrown_exception_is_failed_with_type_message_and_tool_lines(engine: Engine) -> None:
+def test_thrown_exception_is_failed_with_type_message_and_tool_lines(engine: Machine) -> None:
     source = (
         "def helper(x):\n    raise ValueError(f'bad tier {x}')\n\ndef run(i):\n"
         "    return helper(i['tier'])\n"
@@ -141,7 +141,7 @@ def test_thrown_exception_is_failed_with_type_message_and_tool_lines(engine: Eng
 
 @pytest.mark.parametrize("bytecode", [True, False])
 def test_python_tools_run_alike_from_bytecode_or_from_source(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch, bytecode: bool
+    engine: Machine, monkeypatch: pytest.MonkeyPatch, bytecode: bool
 ) -> None:
     """Where the jails' interpreter reads the daemon's bytecode (the same magic number,
     as here), a Python tool comes compiled and its jail never compiles; elsewhere the
@@ -162,7 +162,7 @@ def test_python_tools_run_alike_from_bytecode_or_from_source(
     ]
 
 
-def test_typescript_error_stack_names_the_ts_lines(engine: Engine) -> None:
+def test_typescript_error_stack_names_the_ts_lines(engine: Machine) -> None:
     source = (
         "type T = { a: number }\n\nexport function run(i: T): T {\n"
         "  throw new RangeError('too big: ' + i.a)\n}\n"
@@ -175,7 +175,7 @@ def test_typescript_error_stack_names_the_ts_lines(engine: Engine) -> None:
 
 
 def test_an_es_module_without_packages_runs_as_commonjs_keeping_its_meaning(
-    engine: Engine,
+    engine: Machine,
 ) -> None:
     """An ES module that imports only Node's builtins is compiled to CommonJS at upload,
     so its jail needs no ES module loader; it stays strict code, its top-level `this`
@@ -213,7 +213,7 @@ def test_an_es_module_without_packages_runs_as_commonjs_keeping_its_meaning(
     ],
 )
 def test_an_es_module_that_needs_the_loader_runs_as_one(
-    engine: Engine, source: str, output: dict[str, Any]
+    engine: Machine, source: str, output: dict[str, Any]
 ) -> None:
     tool = make_tool(engine, source, ext=".mjs")
     assert tool.module_format == "esm"
@@ -222,7 +222,7 @@ def test_an_es_module_that_needs_the_loader_runs_as_one(
 
 
 @pytest.mark.parametrize("exported", ["null", "undefined", "42", "{ helper: 1 }"])
-def test_a_commonjs_tool_exporting_no_function_is_told_so(engine: Engine, exported: str) -> None:
+def test_a_commonjs_tool_exporting_no_function_is_told_so(engine: Machine, exported: str) -> None:
     """Required, not imported: what `module.exports` holds comes back as it is, null too."""
     result = run_tool(engine, make_tool(engine, f"module.exports = {exported}\n", ext=".js"))
     assert (result.status, result.error) == (
@@ -231,7 +231,7 @@ def test_a_commonjs_tool_exporting_no_function_is_told_so(engine: Engine, export
     )
 
 
-def test_javascript_rejected_promise_is_failed(engine: Engine) -> None:
+def test_javascript_rejected_promise_is_failed(engine: Machine) -> None:
     source = "export async function run() { throw new TypeError('nope') }\n"
     result = run_tool(engine, make_tool(engine, source, ext=".mjs"))
     assert (result.status, result.error is not None) == ("failed", True)
@@ -263,7 +263,7 @@ def test_javascript_rejected_promise_is_failed(engine: Engine) -> None:
     ],
 )
 def test_bad_output_is_failed_saying_which_rule(
-    engine: Engine, ext: str, source: str, why: str
+    engine: Machine, ext: str, source: str, why: str
 ) -> None:
     out = {"type": "object", "required": ["n"], "properties": {"n": {"type": "number"}}}
     result = run_tool(engine, make_tool(engine, source, ext=ext, output_schema=out))
@@ -271,7 +271,7 @@ def test_bad_output_is_failed_saying_which_rule(
     assert result.error is not None and result.error.startswith(why), result.error
 
 
-def test_timeout_counts_from_the_sandbox_start(engine: Engine) -> None:
+def test_timeout_counts_from_the_sandbox_start(engine: Machine) -> None:
     tool = make_tool(engine, "def run(i):\n    while True:\n        pass\n", timeout_ms=1000)
     result = run_tool(engine, tool)
     assert result.status == "timed_out" and result.output is None
@@ -279,7 +279,7 @@ def test_timeout_counts_from_the_sandbox_start(engine: Engine) -> None:
     assert result.error is not None and "1000 ms" in result.error
 
 
-def test_tool_that_exits_without_a_result_is_failed(engine: Engine) -> None:
+def test_tool_that_exits_without_a_result_is_failed(engine: Machine) -> None:
     tool = make_tool(engine, "import os\ndef run(i):\n    os._exit(3)\n")
     result = run_tool(engine, tool)
     assert result.status == "failed"
@@ -296,7 +296,7 @@ def test_tool_that_exits_without_a_result_is_failed(engine: Engine) -> None:
     ],
 )  # fmt: skip
 def test_the_answer_comes_with_the_reply_not_with_the_jails_end(
-    engine: Engine, ext: str, source: str
+    engine: Machine, ext: str, source: str
 ) -> None:
     """The harness frames its reply with its length, so a call answers once the reply is
     complete (nsjail holds the result pipe open until it exits): here the tool keeps its
@@ -304,7 +304,7 @@ def test_the_answer_comes_with_the_reply_not_with_the_jails_end(
 
     async def call() -> tuple[RunResult, float]:
         started = time.monotonic()
-        result = await engine.runner.run(make_tool(engine, source, ext=ext), {}, logs=False)
+        result = await engine.pipeline.run(make_tool(engine, source, ext=ext), {}, logs=False)
         waited = time.monotonic() - started
         await asyncio.sleep(2)  # the jail's end, in the background, before the loop closes
         return result, waited
@@ -315,7 +315,7 @@ def test_the_answer_comes_with_the_reply_not_with_the_jails_end(
 
 
 def test_with_logs_a_tool_that_lingers_after_its_reply_is_answered_and_stopped(
-    engine: Engine,
+    engine: Machine,
 ) -> None:
     """``tool test`` shows logs, which end with the jail: a tool that replies and then
     keeps its jail alive (no exit, a thread sleeping 60 s) is stopped REPLY_GRACE_S after
@@ -333,7 +333,7 @@ def test_with_logs_a_tool_that_lingers_after_its_reply_is_answered_and_stopped(
     assert waited < 2.0
 
 
-def test_a_tool_writing_to_the_result_channel_gets_no_result(engine: Engine) -> None:
+def test_a_tool_writing_to_the_result_channel_gets_no_result(engine: Machine) -> None:
     source = "import os, sys\ndef run(i):\n    os.write(int(sys.argv[1]), b'{}')\n    return {}\n"
     tool = make_tool(engine, source)
     result = run_tool(engine, tool, logs=False)
@@ -341,7 +341,7 @@ def test_a_tool_writing_to_the_result_channel_gets_no_result(engine: Engine) -> 
     assert result.error is not None and "is not a result" in result.error
 
 
-def test_prints_are_logs_not_results(engine: Engine) -> None:
+def test_prints_are_logs_not_results(engine: Machine) -> None:
     source = (
         'import sys\ndef run(i):\n    print(\'{"ok": true, "output": 1}\')\n'
         "    print('to stderr', file=sys.stderr)\n    return {'n': 1}\n"
@@ -354,14 +354,14 @@ def test_prints_are_logs_not_results(engine: Engine) -> None:
     assert (result.output, result.logs) == ({}, "hello\noops\n")
 
 
-def test_logs_are_capped_at_64_kb(engine: Engine) -> None:
+def test_logs_are_capped_at_64_kb(engine: Machine) -> None:
     source = "def run(i):\n    for _ in range(20000):\n        print('x' * 99)\n    return {}\n"
     result = run_tool(engine, make_tool(engine, source))
     assert result.status == "succeeded"
     assert len(result.logs) == 64 * 1024 and result.logs_truncated
 
 
-def test_each_run_starts_from_a_fresh_sandbox(engine: Engine) -> None:
+def test_each_run_starts_from_a_fresh_sandbox(engine: Machine) -> None:
     source = (
         "import os\nSTATE = []\ndef run(i):\n"
         "    seen = os.path.exists('/tmp/mark')\n"
@@ -381,7 +381,7 @@ def test_each_run_starts_from_a_fresh_sandbox(engine: Engine) -> None:
 SECRET = "sk_live_51HqA9zSECRETvalue"
 
 
-def test_secret_reaches_the_tool_as_an_env_variable(engine: Engine) -> None:
+def test_secret_reaches_the_tool_as_an_env_variable(engine: Machine) -> None:
     py = "import os\ndef run(i):\n    return {'len': len(os.environ['STRIPE_KEY'])}\n"
     js = "export const run = () => ({ len: process.env.STRIPE_KEY.length })\n"
     for source, ext in ((py, ".py"), (js, ".mjs")):
@@ -391,7 +391,7 @@ def test_secret_reaches_the_tool_as_an_env_variable(engine: Engine) -> None:
         assert result.output == {"len": len(SECRET)}
 
 
-def test_jail_environment_is_built_explicitly(engine: Engine) -> None:
+def test_jail_environment_is_built_explicitly(engine: Machine) -> None:
     source = "import os\ndef run(i):\n    return dict(os.environ)\n"
     result = run_tool(engine, make_tool(engine, source), secrets={"API_KEY": "abcd1234"})
     # The secret is in the env; the output then carries it, so it is withheld.
@@ -412,7 +412,7 @@ def test_jail_environment_is_built_explicitly(engine: Engine) -> None:
         "value.splitlines()[1]",
     ],
 )
-def test_secret_in_error_or_logs_is_scrubbed(engine: Engine, spelling: str) -> None:
+def test_secret_in_error_or_logs_is_scrubbed(engine: Machine, spelling: str) -> None:
     source = (
         "import base64, json, os, urllib.parse\n"
         "def run(i):\n"
@@ -441,7 +441,7 @@ def test_secret_in_error_or_logs_is_scrubbed(engine: Engine, spelling: str) -> N
         "json.dumps(value)",
     ],
 )
-def test_output_with_secret_is_withheld(engine: Engine, spelling: str) -> None:
+def test_output_with_secret_is_withheld(engine: Machine, spelling: str) -> None:
     source = (
         "import base64, json, os, urllib.parse\n"
         "def run(i):\n"
@@ -453,13 +453,13 @@ def test_output_with_secret_is_withheld(engine: Engine, spelling: str) -> None:
     assert result.error == "output withheld: it contains the value of the secret TOKEN"
 
 
-def test_secrets_never_reach_argv_or_disk(engine: Engine, tmp_path: Any) -> None:
+def test_secrets_never_reach_argv_or_disk(engine: Machine, tmp_path: Any) -> None:
     marker = "zq-marker-7Hf2KkP0"
     tool = make_tool(engine, "import time\ndef run(i):\n    time.sleep(0.5)\n    return {}\n")
 
     async def observe() -> list[str]:
         task = asyncio.ensure_future(
-            engine.runner.run(tool, {"m": marker}, secrets={"S": marker + "-secret"})
+            engine.pipeline.run(tool, {"m": marker}, secrets={"S": marker + "-secret"})
         )
         await asyncio.sleep(0.25)
         seen = []
@@ -484,7 +484,7 @@ def test_secrets_never_reach_argv_or_disk(engine: Engine, tmp_path: Any) -> None
 
 
 def test_jails_are_awaited_where_the_kernel_has_no_pidfds(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
+    engine: Machine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def refuse(pid: int, flags: int = 0) -> int:
         raise OSError(errno.ENOSYS, "pidfd_open")
@@ -495,13 +495,13 @@ def test_jails_are_awaited_where_the_kernel_has_no_pidfds(
     assert (result.status, result.output, result.logs) == ("succeeded", {"n": 1}, "done\n")
 
 
-def test_a_running_jail_is_awaited_by_the_event_loop_not_a_thread(engine: Engine) -> None:
+def test_a_running_jail_is_awaited_by_the_event_loop_not_a_thread(engine: Machine) -> None:
     """Python 3.11's asyncio waits for each child process in a thread of its own
     ("waitpid-PID"); runnerd's jails are awaited through pidfds in the loop."""
     tool = make_tool(engine, "import time\ndef run(i):\n    time.sleep(0.5)\n    return {}\n")
 
     async def scenario() -> tuple[set[str], RunResult]:
-        running = asyncio.ensure_future(engine.runner.run(tool, {}))
+        running = asyncio.ensure_future(engine.pipeline.run(tool, {}))
         await asyncio.sleep(0.3)
         names = {thread.name for thread in threading.enumerate()}
         return names, await running

@@ -14,7 +14,7 @@ import urllib.parse
 import pytest
 
 from conftest import make_tool, run_tool
-from runnerd.run.engine import Engine
+from runnerd.run.machine import Machine
 from runnerd.run.scrub import MIN_FOLDED_CHARS, MIN_SCRUB_CHARS, REDACTED, Scrubber
 
 pytestmark = pytest.mark.jail
@@ -99,7 +99,7 @@ def test_a_listed_spelling_is_scrubbed(spelling: str) -> None:
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
 def test_a_listed_spelling_is_scrubbed_from_a_runs_error_and_logs(
-    engine: Engine, spelling: str
+    engine: Machine, spelling: str
 ) -> None:
     secret, expr = SPELLINGS[spelling]
     shown = _spelled(secret, expr)
@@ -112,7 +112,7 @@ def test_a_listed_spelling_is_scrubbed_from_a_runs_error_and_logs(
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
-def test_an_output_with_a_listed_spelling_is_withheld(engine: Engine, spelling: str) -> None:
+def test_an_output_with_a_listed_spelling_is_withheld(engine: Machine, spelling: str) -> None:
     secret, expr = SPELLINGS[spelling]
     shown = _spelled(secret, expr)
     tool = make_tool(engine, _TOOL.format(secret=secret, expr=expr))

@@ -15,11 +15,11 @@ import pytest
 from conftest import AppDir
 from pg_cluster import PgCluster
 from runnerd.errors import BudgetExhausted, DatabaseUnavailable, VersionExists
+from runnerd.run.toolchain import Toolchain
 from runnerd.store import DB_FILENAME, MIGRATIONS, Store, new_id
 from runnerd.store.db import PostgresDatabase, SQLiteDatabase
 from runnerd.upload.bundle import read_app_dir
 from runnerd.upload.deploy import upload_version
-from runnerd.upload.toolchain import Toolchain
 
 
 def upload(store: Store, app: AppDir, toolchain: Toolchain) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from conftest import EXAMPLE, engine_env, run_cli, tool_doc
-from runnerd.run.engine import Engine
+from runnerd.run.machine import Machine
 
 pytestmark = pytest.mark.jail
 
@@ -48,7 +48,7 @@ CASES: list[tuple[str, str, list[str], Any]] = [
 
 
 def cli(
-    engine: Engine, *args: str, env: dict[str, str] | None = None
+    engine: Machine, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return run_cli(*args, env={**engine_env(engine), **(env or {})}, timeout=300)
 
@@ -74,7 +74,7 @@ def write_tool(folder: Path, name: str, ext: str, packages: list[str], source: s
     [pytest.param(*case, marks=[pytest.mark.network] if case[2] else []) for case in CASES],
 )
 def test_every_kind_of_tool_succeeds(
-    engine: Engine, tmp_path: Path, name: str, ext: str, packages: list[str], source: str
+    engine: Machine, tmp_path: Path, name: str, ext: str, packages: list[str], source: str
 ) -> None:
     path = write_tool(tmp_path, name, ext, packages, source)
     proc = cli(engine, "tool", "test", str(path), "--input", '{"n": 21}', "--json")
@@ -84,7 +84,7 @@ def test_every_kind_of_tool_succeeds(
     assert body["durationMs"] > 0
 
 
-def test_example_score_offer_runs_by_its_source_path(engine: Engine) -> None:
+def test_example_score_offer_runs_by_its_source_path(engine: Machine) -> None:
     proc = cli(
         engine,
         "tool",
@@ -101,7 +101,7 @@ def test_example_score_offer_runs_by_its_source_path(engine: Engine) -> None:
     assert "Deal size 1000 is small: the discount allowance is halved" in output["reasons"]
 
 
-def test_human_output_shows_status_output_and_logs(engine: Engine, tmp_path: Path) -> None:
+def test_human_output_shows_status_output_and_logs(engine: Machine, tmp_path: Path) -> None:
     path = write_tool(
         tmp_path,
         "talk",
@@ -116,7 +116,7 @@ def test_human_output_shows_status_output_and_logs(engine: Engine, tmp_path: Pat
     assert lines[1:] == ["{", '  "n": 1', "}", "--- logs", "hello from the tool"]
 
 
-def test_invalid_input_is_a_refusal_with_the_pointer(engine: Engine, tmp_path: Path) -> None:
+def test_invalid_input_is_a_refusal_with_the_pointer(engine: Machine, tmp_path: Path) -> None:
     path = write_tool(tmp_path, "dbl", ".py", [], CASES[0][3])
     proc = cli(engine, "tool", "test", str(path), "--input", '{"n": "x"}', "--json")
     assert proc.returncode == 1
@@ -125,7 +125,7 @@ def test_invalid_input_is_a_refusal_with_the_pointer(engine: Engine, tmp_path: P
     }
 
 
-def test_secrets_from_flag_or_from_the_environment(engine: Engine, tmp_path: Path) -> None:
+def test_secrets_from_flag_or_from_the_environment(engine: Machine, tmp_path: Path) -> None:
     path = write_tool(
         tmp_path,
         "sec",
@@ -152,7 +152,7 @@ def test_secrets_from_flag_or_from_the_environment(engine: Engine, tmp_path: Pat
     assert body["error"].startswith("RuntimeError: [secret] [secret]")
 
 
-def test_a_broken_tool_file_is_refused_with_file_and_line(engine: Engine, tmp_path: Path) -> None:
+def test_a_broken_tool_file_is_refused_with_file_and_line(engine: Machine, tmp_path: Path) -> None:
     (tmp_path / "bad.tool.yaml").write_text(
         "name: bad\ndescription: x\ntimeoutMs: 5\ninput: {type: object}\noutput: {type: object}\n"
     )

@@ -16,11 +16,7 @@ from starlette.responses import Response
 
 from runnerd import egress
 from runnerd.api.auth import caller_of, install_for
-from runnerd.api.errors import ApiError
-from runnerd.api.ops import Op, Param, json_response, read_body
-from runnerd.api.state import AppState
-from runnerd.api.tools import WORKSPACE, query_param
-from runnerd.api.wire import (
+from runnerd.api.bodies import (
     AppInfo,
     AppList,
     DeployBody,
@@ -35,7 +31,11 @@ from runnerd.api.wire import (
     VersionInfo,
     wire_view,
 )
-from runnerd.constants import (
+from runnerd.api.errors import ApiError
+from runnerd.api.ops import Op, Param, json_response, read_body
+from runnerd.api.state import AppState
+from runnerd.api.tools import WORKSPACE, query_param
+from runnerd.limits import (
     MAX_MANIFEST_BYTES,
     MAX_SOURCE_BYTES,
     MAX_TOOL_YAML_BYTES,
@@ -146,11 +146,11 @@ async def deploy(request: Request, state: AppState) -> Response:
     await caller.member(state.store, workspace_id, role="builder")
     # Its keys are found without building its strings (a repeated path is refused).
     body = await read_body(request, _UnreadFiles, DEPLOY_LIMIT, sparse_tokens=DEPLOY_TOKENS)
-    engine = state.engine
+    machine = state.machine
 
     def check() -> Bundle:
         files = {path: _file_bytes(path, raw) for path, raw in body.files.items()}
-        return check_upload(files, toolchain=engine.toolchain, envs=engine.envs)
+        return check_upload(files, toolchain=machine.toolchain, envs=machine.envs)
 
     # Decoding, compiling, checking and building package envs: off the event loop.
     bundle = await asyncio.to_thread(check)

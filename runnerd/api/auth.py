@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
-from runnerd.access import ROLE_RANK
 from runnerd.api.errors import ApiError
+from runnerd.api.sessions import CookieSigner
+from runnerd.roles import ROLE_RANK
 from runnerd.store import InstallRecord, KeyRecord, MembershipRecord, SessionRecord, Store
-from runnerd.web.cookies import CookieSigner
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState

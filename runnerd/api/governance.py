@@ -14,11 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from runnerd.api.auth import Caller, caller_of
-from runnerd.api.errors import ApiError
-from runnerd.api.ops import Op, Param, json_response, read_body
-from runnerd.api.state import AppState
-from runnerd.api.tools import WORKSPACE, int_query, query_param
-from runnerd.api.wire import (
+from runnerd.api.bodies import (
     ApprovalInfo,
     ApprovalList,
     AuditInfo,
@@ -40,7 +36,11 @@ from runnerd.api.wire import (
     UsageList,
     wire_view,
 )
-from runnerd.calls import Who
+from runnerd.api.errors import ApiError
+from runnerd.api.ops import Op, Param, json_response, read_body
+from runnerd.api.state import AppState
+from runnerd.api.tools import WORKSPACE, int_query, query_param
+from runnerd.govern.governor import Principal
 from runnerd.store import ApprovalRow, InstallRecord, RunRow
 
 __all__ = ["OPS"]
@@ -72,8 +72,8 @@ async def _install(request: Request, state: AppState, caller: Caller, role: str)
     raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
 
 
-def _who(caller: Caller) -> Who:
-    return Who(user_id=caller.need_person(), key_id=caller.key.id)
+def _who(caller: Caller) -> Principal:
+    return Principal(user_id=caller.need_person(), key_id=caller.key.id)
 
 
 # --- secrets ----------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ async def put_secret(request: Request, state: AppState) -> Response:
             f"a secret value is {MIN_SECRET_CHARS} characters to {MAX_SECRET_BYTES // 1024} KB",
             details={"code": "INVALID_SECRET_VALUE"},
         )
-    sealed = state.calls.vault.seal(install.id, name, body.value)
+    sealed = state.governor.vault.seal(install.id, name, body.value)
     updated = await state.store.io(
         state.store.put_secret,
         install.id,
@@ -258,7 +258,7 @@ async def list_approvals(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "api:read")
     caller.need_person()
     await caller.member(state.store, workspace_id, role="member")
-    await state.calls.expire()
+    await state.governor.expire()
     status = request.query_params.get("status")
     rows = await state.store.io(state.store.list_approvals, workspace_id, status)
     return json_response(ApprovalList(data=[_approval_info(a) for a in rows]))
@@ -274,8 +274,8 @@ async def _decide(request: Request, state: AppState, approve: bool) -> Response:
     ):
         raise ApiError("NOT_FOUND", "No such approval", details={"code": "APPROVAL_NOT_FOUND"})
     await caller.member(state.store, approval.workspace_id, role="member")
-    await state.calls.expire()
-    decided = await state.calls.decide(approval.id, approve=approve, who=who)
+    await state.governor.expire()
+    decided = await state.governor.decide(approval.id, approve=approve, who=who)
     return json_response(_approval_info(decided))
 
 
@@ -339,7 +339,7 @@ async def get_run(request: Request, state: AppState) -> Response:
         or (member is not None and member.role == "admin")
         or (approval is not None and approval.decided_by == user_id)
     )
-    cached = state.calls.results.get(row.id) if row.status != "running" and entitled else None
+    cached = state.governor.results.get(row.id) if row.status != "running" and entitled else None
     if cached is not None:
         detail = RunDetail(
             run=detail.run, output=cached.output, error=cached.error, output_available=True

@@ -11,8 +11,8 @@ from typing import Any
 import msgspec
 
 from runnerd import __version__
+from runnerd.api.bodies import ErrorEnvelope
 from runnerd.api.ops import Op
-from runnerd.api.wire import ErrorEnvelope
 
 __all__ = ["openapi_document"]
 

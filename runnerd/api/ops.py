@@ -20,7 +20,7 @@ from starlette.responses import Response
 from runnerd.api.errors import ApiError
 from runnerd.checks.duplicates import TooManyTokens, duplicate_key, duplicate_key_sparse
 from runnerd.checks.nesting import nesting_over
-from runnerd.constants import MAX_JSON_DEPTH
+from runnerd.limits import MAX_JSON_DEPTH
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState

@@ -13,12 +13,8 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runnerd.access import SCOPES
 from runnerd.api.auth import Caller, caller_of
-from runnerd.api.errors import ApiError
-from runnerd.api.ops import Op, Param, json_response, read_body
-from runnerd.api.state import AppState
-from runnerd.api.wire import (
+from runnerd.api.bodies import (
     AuditVerdict,
     KeyInfo,
     KeyList,
@@ -33,6 +29,10 @@ from runnerd.api.wire import (
     SignInBody,
     WorkspaceRole,
 )
+from runnerd.api.errors import ApiError
+from runnerd.api.ops import Op, Param, json_response, read_body
+from runnerd.api.state import AppState
+from runnerd.roles import SCOPES
 from runnerd.store import Store
 
 __all__ = ["LOGIN_LINK_TTL_S", "OPS"]

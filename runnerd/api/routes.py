@@ -14,11 +14,11 @@ from runnerd.api import apps as apps_ops
 from runnerd.api import governance as governance_ops
 from runnerd.api import people as people_ops
 from runnerd.api import tools as tools_ops
+from runnerd.api.bodies import Health
 from runnerd.api.errors import ApiError
 from runnerd.api.openapi import openapi_document
 from runnerd.api.ops import Op, json_response
 from runnerd.api.state import AppState
-from runnerd.api.wire import Health
 
 __all__ = ["OPS", "api_document"]
 
@@ -34,12 +34,12 @@ async def readyz(request: Request, state: AppState) -> Response:
         checks["store"] = "ok"
     except Exception as exc:
         checks["store"] = f"error: {type(exc).__name__}"
-    nsjail = state.engine.sandbox.nsjail
+    nsjail = state.machine.sandbox.nsjail
     checks["nsjail"] = "ok" if os.access(nsjail, os.X_OK) else f"missing: {nsjail}"
-    rt = state.engine.runtimes
+    rt = state.machine.runtimes
     checks["python"] = rt.python.version if rt.python else "missing"
     checks["node"] = rt.node.version if rt.node else "missing"
-    checks["cgroups"] = state.engine.cgroups.mode
+    checks["cgroups"] = state.machine.cgroups.mode
     ready = (
         checks["store"] == "ok"
         and checks["nsjail"] == "ok"

@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from runnerd.api.limits import RateLimiter
-from runnerd.calls import Calls
+from runnerd.api.ratelimit import RateLimiter
+from runnerd.api.sessions import CookieSigner
 from runnerd.config import Settings
-from runnerd.run.engine import Engine
+from runnerd.govern.governor import Governor
+from runnerd.run.machine import Machine
 from runnerd.store import Store
-from runnerd.web.cookies import CookieSigner
 
 if TYPE_CHECKING:
-    from runnerd.api.mcp_endpoint import McpEndpoint
+    from runnerd.mcp.endpoint import McpEndpoint
 
 __all__ = ["AppState"]
 
@@ -22,8 +22,8 @@ __all__ = ["AppState"]
 class AppState:
     settings: Settings
     store: Store
-    engine: Engine
+    machine: Machine
     limiter: RateLimiter
-    calls: Calls
+    governor: Governor
     cookies: CookieSigner
     mcp: McpEndpoint | None = None  # the MCP endpoint, to tell its sessions tools changed

@@ -6,10 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from runnerd.api.auth import Caller, caller_of, install_for
-from runnerd.api.errors import ApiError, from_domain
-from runnerd.api.ops import Op, Param, json_response, read_body
-from runnerd.api.state import AppState
-from runnerd.api.wire import (
+from runnerd.api.bodies import (
     InputVerdict,
     PendingApproval,
     RunBody,
@@ -18,9 +15,12 @@ from runnerd.api.wire import (
     ToolInfo,
     ToolList,
 )
-from runnerd.calls import Pending, Who
-from runnerd.constants import MAX_INPUT_BYTES
-from runnerd.run.runner import tool_key
+from runnerd.api.errors import ApiError, from_domain
+from runnerd.api.ops import Op, Param, json_response, read_body
+from runnerd.api.state import AppState
+from runnerd.govern.governor import Pending, Principal
+from runnerd.limits import MAX_INPUT_BYTES
+from runnerd.run.pipeline import tool_key
 from runnerd.store import InstallRecord, Store, ToolRecord
 
 __all__ = ["OPS", "int_query", "query_param"]
@@ -111,11 +111,11 @@ async def _run(
                 "Idempotency-Key is 1 to 255 characters",
                 details={"code": "INVALID_IDEMPOTENCY_KEY"},
             )
-        outcome = await state.calls.call(
+        outcome = await state.governor.call(
             install,
             tool_name,
             body.input,
-            who=Who(user_id, caller.key.id),
+            who=Principal(user_id, caller.key.id),
             surface=body.surface,
             workflow_run_id=body.workflow_run_id,
             idempotency_key=key,
@@ -220,7 +220,7 @@ def _tool_info(install: InstallRecord, tool: ToolRecord) -> ToolInfo:
 
 async def get_tool(request: Request, state: AppState) -> Response:
     install, _ = await install_for(request, state, scope="api:read", role="viewer")
-    tool = await state.calls.tool(install, request.path_params["toolName"])
+    tool = await state.governor.tool(install, request.path_params["toolName"])
     return json_response(
         ToolDetail(
             tool=_tool_info(install, tool),
@@ -234,9 +234,11 @@ async def check_tool_input(request: Request, state: AppState) -> Response:
     """The run's own input check, without the run: what the Manage page's test form asks
     before it sends, so it can show a refusal next to its field."""
     install, _ = await install_for(request, state, scope="tools:run", role="member")
-    tool = await state.calls.tool(install, request.path_params["toolName"])
+    tool = await state.governor.tool(install, request.path_params["toolName"])
     body = await read_body(request, RunBody, RUN_BODY_LIMIT, nesting_reason="INVALID_INPUT")
-    await state.calls.runner.check_input(tool, body.input, key=tool_key(tool, install.version_id))
+    await state.governor.pipeline.check_input(
+        tool, body.input, key=tool_key(tool, install.version_id)
+    )
     return json_response(InputVerdict(valid=True))
 
 

@@ -24,7 +24,7 @@ import msgspec
 
 from runnerd.checks.codegen import compile_linear
 from runnerd.checks.patterns import PatternError
-from runnerd.resources import resource_dir
+from runnerd.package_data import resource_dir
 
 __all__ = [
     "FieldError",

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runnerd.access import ROLES, SCOPES
 from runnerd.cli.output import output, settings_from_args
+from runnerd.roles import ROLES, SCOPES
 from runnerd.store import DB_FILENAME, Store
 
 if TYPE_CHECKING:
@@ -25,13 +25,13 @@ __all__ = ["register_admin"]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from runnerd.api.app import create_app
-    from runnerd.api.server import serve
+    from runnerd.daemon.app import create_app
+    from runnerd.daemon.server import serve
     from runnerd.logs import configure as configure_logs
 
     settings = settings_from_args(args, host=args.host, port=args.port)
     configure_logs(settings.log_level, settings.log_format)
-    # Checks run in threads (runnerd.checks.checker); the event loop takes the GIL back from a
+    # Checks run in threads (runnerd.checks.pool); the event loop takes the GIL back from a
     # busy one within 1 ms instead of the default 5, so requests keep their latency.
     sys.setswitchinterval(0.001)
     serve(create_app(settings), settings)
@@ -43,7 +43,7 @@ def cmd_service_install(args: argparse.Namespace) -> int:
     bootstrap the first workspace into /var/lib/runnerd when asked."""
     import shutil
 
-    from runnerd.resources import resource_dir
+    from runnerd.package_data import resource_dir
 
     root = Path(args.root or "/")
     entry = Path(sys.argv[0]).resolve()

@@ -17,9 +17,9 @@ from ruamel.yaml.error import YAMLError
 
 from runnerd.cli.http import ApiClient, ApiFailure
 from runnerd.cli.output import egress_lines, line_printer, output, printable, read_input
-from runnerd.constants import MANIFEST_NAME
 from runnerd.errors import BundleRejected
-from runnerd.run.runner import InputRejected
+from runnerd.limits import MANIFEST_NAME
+from runnerd.run.pipeline import InputRejected
 from runnerd.upload.bundle import read_app_dir, read_manifest
 from runnerd.upload.yamlfile import load_yaml
 

@@ -20,16 +20,16 @@ import msgspec
 from runnerd import egress
 from runnerd.cli.output import egress_lines, printable, read_input
 from runnerd.config import Settings, load_settings
-from runnerd.constants import MANIFEST_NAME, MIN_NODE_MAJOR, TOOL_SUFFIX
 from runnerd.errors import BundleRejected, Problem
-from runnerd.run.engine import Engine, build_engine
-from runnerd.run.envs import EnvBuildFailed
+from runnerd.limits import MANIFEST_NAME, MIN_NODE_MAJOR, TOOL_SUFFIX
 from runnerd.run.jail import SandboxUnavailable
-from runnerd.run.runner import InputRejected, RunResult
+from runnerd.run.machine import Machine, build_machine
+from runnerd.run.package_envs import EnvBuildFailed
+from runnerd.run.pipeline import InputRejected, RunResult
 from runnerd.run.runtimes import find_node, npm_cli
+from runnerd.run.toolchain import Toolchain, ToolchainError
 from runnerd.store import Store
 from runnerd.upload.bundle import Bundle, Tool, load_bundle, read_app_dir, read_tool_files
-from runnerd.upload.toolchain import Toolchain, ToolchainError
 
 __all__ = ["register_local"]
 
@@ -182,17 +182,17 @@ def cmd_tool_test(args: argparse.Namespace) -> int:
         except egress.EgressError as exc:
             print(printable(f"runnerd: --egress {entry}: {exc}"), file=sys.stderr)
             return 2
-    engine = build_engine(settings)
-    if engine.cgroups.warning:
-        print(engine.cgroups.warning, file=sys.stderr)
+    machine = build_machine(settings)
+    if machine.cgroups.warning:
+        print(machine.cgroups.warning, file=sys.stderr)
     folder = path.parent
     try:
         folder, files = _local_tool_files(path)
-        bundle = load_bundle(files, toolchain=engine.toolchain)
+        bundle = load_bundle(files, toolchain=machine.toolchain)
         [tool] = bundle.tools
         if tool.packages:
-            engine.envs.ensure_sync(tool.language, tool.packages)
-        result = asyncio.run(_run_once(engine, tool, value, secrets, tuple(grant)))
+            machine.envs.ensure_sync(tool.language, tool.packages)
+        result = asyncio.run(_run_once(machine, tool, value, secrets, tuple(grant)))
     except BundleRejected as exc:
         for problem in exc.problems:
             if problem.file != MANIFEST_NAME:
@@ -230,12 +230,12 @@ def cmd_tool_test(args: argparse.Namespace) -> int:
 
 
 async def _run_once(
-    engine: Engine, tool: Tool, value: Any, secrets: dict[str, str], grant: tuple[str, ...]
+    machine: Machine, tool: Tool, value: Any, secrets: dict[str, str], grant: tuple[str, ...]
 ) -> RunResult:
     try:
-        return await engine.runner.run(tool, value, secrets=secrets, egress=grant)
+        return await machine.pipeline.run(tool, value, secrets=secrets, egress=grant)
     finally:
-        await engine.sandbox.close()
+        await machine.sandbox.close()
 
 
 # --- envs -----------------------------------------------------------------------------------
@@ -243,10 +243,10 @@ async def _run_once(
 
 def cmd_envs_list(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    engine = build_engine(settings)
+    machine = build_machine(settings)
     store = Store.open(settings)
-    users = _env_users(engine, store)
-    envs = engine.envs.list()
+    users = _env_users(machine, store)
+    envs = machine.envs.list()
     if args.json:
         _print_json(
             [
@@ -272,11 +272,11 @@ def cmd_envs_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _env_users(engine: Engine, store: Store) -> dict[str, list[str]]:
+def _env_users(machine: Machine, store: Store) -> dict[str, list[str]]:
     users: dict[str, list[str]] = {}
     for version, tool in store.tools_with_packages():
         try:
-            key = engine.envs.key(tool.language, tool.packages)
+            key = machine.envs.key(tool.language, tool.packages)
         except EnvBuildFailed:
             continue
         users.setdefault(key, []).append(f"{version.app_slug}@{version.version}/{tool.name}")
@@ -285,12 +285,12 @@ def _env_users(engine: Engine, store: Store) -> dict[str, list[str]]:
 
 def cmd_envs_prune(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    engine = build_engine(settings)
-    users = _env_users(engine, Store.open(settings))
+    machine = build_machine(settings)
+    users = _env_users(machine, Store.open(settings))
     removed = []
-    for env in engine.envs.list():
+    for env in machine.envs.list():
         if env.key not in users:
-            engine.envs.remove(env.key)
+            machine.envs.remove(env.key)
             removed.append(env.key)
     if args.json:
         _print_json({"removed": removed})
@@ -337,20 +337,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         else "running as root",
     )
     try:
-        engine = build_engine(settings)
+        machine = build_machine(settings)
     except (SandboxUnavailable, OSError) as exc:
         check("data dir", False, str(exc))
-        engine = None
-    if engine is not None:
-        nsjail = engine.sandbox.nsjail
+        machine = None
+    if machine is not None:
+        nsjail = machine.sandbox.nsjail
         check("nsjail", os.access(nsjail, os.X_OK), nsjail)
         check(
             "cgroups",
-            engine.cgroups.enabled,
-            engine.cgroups.warning or engine.cgroups.mode,
+            machine.cgroups.enabled,
+            machine.cgroups.warning or machine.cgroups.mode,
             required=False,
         )
-        rt = engine.runtimes
+        rt = machine.runtimes
         passed_by = [n.removeprefix("python: ") for n in rt.notes if n.startswith("python: ")]
         check(
             "python",
@@ -379,19 +379,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         )
         check(
             "toolchain",
-            engine.toolchain.is_installed(),
-            str(engine.toolchain.directory)
-            if engine.toolchain.is_installed()
-            else f"not installed in {engine.toolchain.directory}",
+            machine.toolchain.is_installed(),
+            str(machine.toolchain.directory)
+            if machine.toolchain.is_installed()
+            else f"not installed in {machine.toolchain.directory}",
             required=False,
             fix="runnerd toolchain install (with RUNNERD_TOOLCHAIN_DIR set as the daemon has it)",
         )
         trials = [("python", ".py", "def run(i):\n    return {'ok': True}\n")]
-        if rt.node is not None and engine.toolchain.is_installed():
+        if rt.node is not None and machine.toolchain.is_installed():
             trials.append(("typescript", ".ts", "export const run = () => ({ ok: true })\n"))
         for language, ext, source in trials:
             check(
-                f"{language} run", *_trial_run(engine, ext, source), required=language == "python"
+                f"{language} run", *_trial_run(machine, ext, source), required=language == "python"
             )
     failed = [c for c in checks if c["required"] and not c["ok"]]
     if args.json:
@@ -405,7 +405,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _trial_run(engine: Engine, ext: str, source: str) -> tuple[bool, str]:
+def _trial_run(machine: Machine, ext: str, source: str) -> tuple[bool, str]:
     doc = {
         "name": "doctor",
         "description": "a trial run",
@@ -418,8 +418,8 @@ def _trial_run(engine: Engine, ext: str, source: str) -> tuple[bool, str]:
         f"doctor{ext}": source.encode(),
     }
     try:
-        [tool] = load_bundle(files, toolchain=engine.toolchain).tools
-        result = asyncio.run(engine.runner.run(tool, {}))
+        [tool] = load_bundle(files, toolchain=machine.toolchain).tools
+        result = asyncio.run(machine.pipeline.run(tool, {}))
     except (BundleRejected, SandboxUnavailable) as exc:
         return False, str(exc)
     if result.status != "succeeded":

@@ -76,7 +76,7 @@ def _bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from runnerd.bench import run_bench
+    from runnerd.cli.bench import run_bench
     from runnerd.cli.output import settings_from_args
     from runnerd.run.jail import SandboxUnavailable
 

@@ -15,8 +15,8 @@ import msgspec
 
 from runnerd.checks.nesting import nesting_over
 from runnerd.config import Settings, load_settings
-from runnerd.constants import MAX_JSON_DEPTH
-from runnerd.run.runner import InputRejected
+from runnerd.limits import MAX_JSON_DEPTH
+from runnerd.run.pipeline import InputRejected
 
 __all__ = [
     "egress_lines",

@@ -47,10 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from runnerd.constants import MAX_LOG_BYTES, MAX_OUTPUT_BYTES, MAX_TIMEOUT_MS
 from runnerd.errors import RunnerdError
+from runnerd.limits import MAX_LOG_BYTES, MAX_OUTPUT_BYTES, MAX_TIMEOUT_MS
 from runnerd.metrics import METRICS
-from runnerd.resources import resource_dir
+from runnerd.package_data import resource_dir
 from runnerd.run.cgroups import Cgroups
 from runnerd.run.proxy import EgressPass, EgressProxy
 from runnerd.run.runtimes import Runtimes

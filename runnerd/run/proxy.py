@@ -267,7 +267,7 @@ class EgressPass:
         """What the run used: per destination, connections and bytes each way, or the
         reason it was refused (for a destination never reached). No payload, path or
         header. The destination is the tool's choice (a refused one, or any name under a
-        wildcard entry): ``clean`` (the run's scrubber, Runner.run) is applied to it, then
+        wildcard entry): ``clean`` (the run's scrubber, Pipeline.run) is applied to it, then
         it is cut to MAX_DESTINATION_CHARS; destinations that become one are summed."""
         found: dict[str, dict[str, Any]] = {}
         refusals: dict[str, str] = {}

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runnerd.constants import MIN_NODE_MAJOR
+from runnerd.limits import MIN_NODE_MAJOR
 
 __all__ = [
     "NodeRuntime",

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, Self, TypeVar
 
-from runnerd.constants import DB_THREADS
 from runnerd.errors import RunnerdError
+from runnerd.limits import DB_THREADS
 from runnerd.store.db import Database, SQLiteDatabase, open_database
 from runnerd.store.schema import MIGRATIONS
 

@@ -24,15 +24,15 @@ import re2
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-from runnerd import constants as C
 from runnerd import egress
+from runnerd import limits as C
 from runnerd.checks.patterns import PatternError, compile_pattern
 from runnerd.checks.schemas import FieldError, SchemaError, check_document, compile_schema
 from runnerd.errors import BundleRejected, Problem
 from runnerd.run.proxy import never_refusal
+from runnerd.run.toolchain import Toolchain
 from runnerd.upload.code import SourceFile, check_code
 from runnerd.upload.pins import PinError, normalize_pin, pin_name
-from runnerd.upload.toolchain import Toolchain
 from runnerd.upload.yamlfile import load_yaml
 
 __all__ = [

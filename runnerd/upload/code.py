@@ -11,8 +11,8 @@ import ast
 
 import msgspec
 
+from runnerd.run.toolchain import Toolchain, ToolchainError
 from runnerd.upload.pins import pin_name
-from runnerd.upload.toolchain import Toolchain, ToolchainError
 
 __all__ = ["CodeCheck", "SourceFile", "check_code"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from runnerd.errors import BundleRejected, Problem
-from runnerd.run.envs import EnvBuildFailed, EnvManager
+from runnerd.run.package_envs import EnvBuildFailed, EnvManager
+from runnerd.run.toolchain import Toolchain
 from runnerd.store import Store, VersionRecord
 from runnerd.upload.bundle import Bundle, load_bundle
-from runnerd.upload.toolchain import Toolchain
 
 __all__ = ["check_upload", "upload_version"]
 

@@ -22,7 +22,7 @@ from ruamel.yaml.composer import Composer, ComposerError, MaxDepthExceededError
 from ruamel.yaml.events import AliasEvent
 from ruamel.yaml.scanner import RoundTripScanner, ScannerError
 
-from runnerd.constants import MAX_JSON_DEPTH
+from runnerd.limits import MAX_JSON_DEPTH
 
 __all__ = ["load_yaml"]
 

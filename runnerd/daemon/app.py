@@ -24,23 +24,23 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from runnerd import __version__
+from runnerd.after_answer import AnswerFirst
 from runnerd.api.errors import ApiError, code_for_status, error_response, from_domain
-from runnerd.api.limits import RateLimiter
-from runnerd.api.mcp_endpoint import McpEndpoint
-from runnerd.api.monitoring import metrics, watch
 from runnerd.api.ops import Op, refuse_body, require_json
+from runnerd.api.ratelimit import RateLimiter
 from runnerd.api.routes import OPS
+from runnerd.api.sessions import CookieSigner
 from runnerd.api.state import AppState
-from runnerd.calls import Calls
 from runnerd.config import Settings
-from runnerd.deferred import AnswerFirst
+from runnerd.daemon.metrics_route import metrics, watch
 from runnerd.errors import DatabaseUnavailable
+from runnerd.govern.governor import Governor
 from runnerd.logs import RequestIds
-from runnerd.run.engine import build_engine
+from runnerd.mcp.endpoint import McpEndpoint
 from runnerd.run.jail import JailKind
+from runnerd.run.machine import build_machine
 from runnerd.store import Store, StoreUnavailable
 from runnerd.vault import Vault
-from runnerd.web.cookies import CookieSigner
 from runnerd.web.pages import SecurityHeaders, web_routes
 
 __all__ = ["OPS", "create_app"]
@@ -116,7 +116,7 @@ def _hold_data_dir(data_dir: Path) -> IO[str]:
     return handle
 
 
-async def _keep_lease(store: Store, calls: Calls, lease_s: float) -> None:
+async def _keep_lease(store: Store, calls: Governor, lease_s: float) -> None:
     """Renew this node's lease, close the runs of nodes whose lease ran out, and write
     the ends of runs that finished while the database was away."""
     while True:
@@ -144,7 +144,7 @@ async def _current_egress(store: Store, install_id: str) -> tuple[str, ...] | No
     return None if install is None else install.egress
 
 
-async def _expire_approvals(calls: Calls) -> None:
+async def _expire_approvals(calls: Governor) -> None:
     """Expire (and audit) approvals past their time, every few seconds."""
     while True:
         await asyncio.sleep(5)
@@ -159,10 +159,10 @@ def create_app(settings: Settings) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        engine = build_engine(settings, warm=settings.warm_jails)
-        for line in engine.report():
+        machine = build_machine(settings, warm=settings.warm_jails)
+        for line in machine.report():
             log.info("%s", line)
-        for warning in engine.warnings():
+        for warning in machine.warnings():
             log.warning("%s", warning)
         lock = _hold_data_dir(settings.data_dir)
         try:
@@ -205,15 +205,17 @@ def create_app(settings: Settings) -> Starlette:
                 "closed %d run(s) left open by the last stop as failed (interrupted)",
                 len(interrupted),
             )
-        calls = Calls.from_settings(settings, store=store, runner=engine.runner, vault=vault)
-        if engine.sandbox.proxy is not None:  # a revoked grant stops runs already going
-            engine.sandbox.proxy.follow_grants(functools.partial(_current_egress, store))
+        calls = Governor.from_settings(
+            settings, store=store, pipeline=machine.pipeline, vault=vault
+        )
+        if machine.sandbox.proxy is not None:  # a revoked grant stops runs already going
+            machine.sandbox.proxy.follow_grants(functools.partial(_current_egress, store))
         app.state.runnerd = AppState(
             settings=settings,
             store=store,
-            engine=engine,
+            machine=machine,
             limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
-            calls=calls,
+            governor=calls,
             cookies=CookieSigner.from_file(settings.data_dir / "session.key"),
             mcp=gateway,
         )
@@ -224,14 +226,14 @@ def create_app(settings: Settings) -> Starlette:
         languages = [
             lang
             for lang, runtime in (
-                ("python", engine.runtimes.python),
-                ("javascript", engine.runtimes.node),
-                ("typescript", engine.runtimes.node),
+                ("python", machine.runtimes.python),
+                ("javascript", machine.runtimes.node),
+                ("typescript", machine.runtimes.node),
             )
             if runtime is not None
         ]
-        await engine.sandbox.warm_up([JailKind(lang, None) for lang in languages])
-        await engine.sandbox.wait_warm(10)  # ready means warm: the first calls are fast
+        await machine.sandbox.warm_up([JailKind(lang, None) for lang in languages])
+        await machine.sandbox.wait_warm(10)  # ready means warm: the first calls are fast
         log.info("runnerd %s serving data dir %s", __version__, settings.data_dir)
         # Everything loaded so far lives as long as the daemon: out of the collector's
         # sight, a full collection stays short (tens of ms less) whatever runs later.
@@ -249,7 +251,7 @@ def create_app(settings: Settings) -> Starlette:
             expiry.cancel()
             leases.cancel()
             await calls.drain(timeout=30)
-            await engine.sandbox.close()
+            await machine.sandbox.close()
             with contextlib.suppress(DatabaseUnavailable):  # else the lease runs out
                 await calls.retry_unfinished()
                 await store.io(store.leave)

@@ -9,10 +9,9 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runnerd.checks.checker import Checker
+from runnerd.checks.pool import Checker
 from runnerd.config import Settings
 from runnerd.run.cgroups import Cgroups, setup_cgroups
-from runnerd.run.envs import EnvManager
 from runnerd.run.jail import (
     Limits,
     Sandbox,
@@ -21,24 +20,25 @@ from runnerd.run.jail import (
     find_nsjail,
     reachable_harnesses,
 )
+from runnerd.run.package_envs import EnvManager
+from runnerd.run.pipeline import Pipeline
 from runnerd.run.proxy import EgressProxy, parse_networks, socket_path
-from runnerd.run.runner import Runner
 from runnerd.run.runtimes import Runtimes, find_runtimes, world_readable
-from runnerd.upload.toolchain import Toolchain
+from runnerd.run.toolchain import Toolchain
 
-__all__ = ["Engine", "build_engine"]
+__all__ = ["Machine", "build_machine"]
 
 log = logging.getLogger("runnerd")
 
 
 @dataclass
-class Engine:
+class Machine:
     settings: Settings
     runtimes: Runtimes
     cgroups: Cgroups
     sandbox: Sandbox
     envs: EnvManager
-    runner: Runner
+    pipeline: Pipeline
     toolchain: Toolchain
     notes: list[str] = field(default_factory=list)
 
@@ -60,7 +60,7 @@ class Engine:
         return found
 
 
-def build_engine(settings: Settings, *, warm: int = 0) -> Engine:
+def build_machine(settings: Settings, *, warm: int = 0) -> Machine:
     """The run machinery. ``warm``: jails kept started ahead of calls per kind (the daemon
     uses settings.warm_jails; one-shot commands start each jail on demand)."""
     data = settings.data_dir
@@ -89,7 +89,7 @@ def build_engine(settings: Settings, *, warm: int = 0) -> Engine:
         ),
     )
     envs = EnvManager(mounts / "envs", sandbox=sandbox, settings=settings)
-    runner = Runner(
+    pipeline = Pipeline(
         sandbox=sandbox, envs=envs, checker=Checker(budget_s=settings.check_budget_ms / 1000)
     )
     toolchain = Toolchain(
@@ -97,10 +97,10 @@ def build_engine(settings: Settings, *, warm: int = 0) -> Engine:
         runtimes.node,
         on_install=lambda where: log.info("installing the JS/TS toolchain into %s (once)", where),
     )
-    engine = Engine(settings, runtimes, cgroups, sandbox, envs, runner, toolchain)
+    machine = Machine(settings, runtimes, cgroups, sandbox, envs, pipeline, toolchain)
     if note:
-        engine.notes.append(note)
-    return engine
+        machine.notes.append(note)
+    return machine
 
 
 DEFAULT_CACHE_DIR = Path("/var/cache/runnerd")

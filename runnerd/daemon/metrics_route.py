@@ -23,9 +23,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 def watch(state: AppState) -> None:
     """The gauges read at each scrape."""
-    METRICS.read(METRICS.running, lambda: len(state.calls.running))
-    METRICS.read(METRICS.queued, lambda: state.calls.gate.waiting)
-    METRICS.read(METRICS.warm, lambda: state.engine.sandbox.waiting)
+    METRICS.read(METRICS.running, lambda: len(state.governor.running))
+    METRICS.read(METRICS.queued, lambda: state.governor.gate.waiting)
+    METRICS.read(METRICS.warm, lambda: state.machine.sandbox.waiting)
     METRICS.read(METRICS.approvals, lambda: state.store.pending_approvals())
 
 

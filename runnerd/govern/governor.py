@@ -20,12 +20,12 @@ from typing import Any
 
 import msgspec
 
-from runnerd.access import ROLE_RANK
 from runnerd.config import Settings
 from runnerd.errors import BudgetExhausted, DatabaseUnavailable, RunnerdError
 from runnerd.metrics import METRICS
+from runnerd.roles import ROLE_RANK
 from runnerd.run.jail import JailEnd, SandboxUnavailable
-from runnerd.run.runner import CheckedInput, Runner, RunResult, tool_key
+from runnerd.run.pipeline import CheckedInput, Pipeline, RunResult, tool_key
 from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord, new_id
 from runnerd.vault import Vault
 
@@ -34,7 +34,7 @@ log = logging.getLogger("runnerd")
 __all__ = [
     "ApprovalUnavailable",
     "CallResult",
-    "Calls",
+    "Governor",
     "IdempotencyConflict",
     "Pending",
     "RunGate",
@@ -108,7 +108,7 @@ class RunGate:
 
     @contextlib.asynccontextmanager
     async def admit(self, *, must_wait: bool = False) -> AsyncIterator[JailEnd]:
-        """A run slot, for ``Runner.run(on_end=...)``: the sandbox that takes it gives it
+        """A run slot, for ``Pipeline.run(on_end=...)``: the sandbox that takes it gives it
         back once the run's jail is gone; one no sandbox took is given back when the
         block ends. ``must_wait`` queues even past the bound (an approved run, whose
         row already exists, is never refused)."""
@@ -158,7 +158,7 @@ class Pending:
 
 
 @dataclass(frozen=True)
-class Who:
+class Principal:
     """The person a call is for, and the key they used (for the audit)."""
 
     user_id: str
@@ -208,14 +208,14 @@ class _Held:
 
     value: Any
     checked: CheckedInput  # checked once, when the call was made
-    who: Who
+    who: Principal
     workflow_run_id: str | None
 
 
 @dataclass
-class Calls:
+class Governor:
     store: Store
-    runner: Runner
+    pipeline: Pipeline
     vault: Vault
     gate: RunGate
     approval_ttl_s: int
@@ -230,11 +230,11 @@ class Calls:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, *, store: Store, runner: Runner, vault: Vault
-    ) -> Calls:
+        cls, settings: Settings, *, store: Store, pipeline: Pipeline, vault: Vault
+    ) -> Governor:
         return cls(
             store=store,
-            runner=runner,
+            pipeline=pipeline,
             vault=vault,
             gate=RunGate(settings.max_concurrent_runs, settings.max_queued_runs),
             approval_ttl_s=settings.approval_ttl_s,
@@ -269,7 +269,7 @@ class Calls:
         tool_name: str,
         value: Any,
         *,
-        who: Who,
+        who: Principal,
         surface: str,
         workflow_run_id: str | None = None,
         idempotency_key: str | None = None,
@@ -278,7 +278,7 @@ class Calls:
         BudgetExhausted or IdempotencyConflict before any sandbox starts."""
         version_id = install.version_id  # resolved once: a later switch does not touch it
         tool = await self.tool(install, tool_name, version_id)
-        checked = await self.runner.check_input(tool, value, key=tool_key(tool, version_id))
+        checked = await self.pipeline.check_input(tool, value, key=tool_key(tool, version_id))
         fingerprint = request_hash(install.id, version_id, tool.name, value)
         if idempotency_key is not None:
             replay = await self._replay(who, idempotency_key, fingerprint)
@@ -325,7 +325,7 @@ class Calls:
         tool: ToolRecord,
         value: Any,
         *,
-        who: Who,
+        who: Principal,
         surface: str,
         version_id: str,
         workflow_run_id: str | None,
@@ -342,14 +342,14 @@ class Calls:
                 run_id, install, tool, value, version_id, who.key_id, checked, surface, slot
             )
 
-    async def _release(self, who: Who, key: str) -> None:
+    async def _release(self, who: Principal, key: str) -> None:
         await self.store.io(self.store.release_idempotency_key, who.user_id, key)
 
     async def _start_run(
         self,
         install: InstallRecord,
         tool: ToolRecord,
-        who: Who,
+        who: Principal,
         surface: str,
         version_id: str,
         workflow_run_id: str | None,
@@ -399,7 +399,7 @@ class Calls:
         self._running[run_id] = done
         try:
             outcome: RunResult = await self._unless_stopped(
-                self.runner.run(
+                self.pipeline.run(
                     tool,
                     value,
                     checked=checked,
@@ -469,7 +469,7 @@ class Calls:
             del self._unfinished[run_id]
         return len(self._unfinished)
 
-    async def _replay(self, who: Who, key: str, fingerprint: str) -> CallResult | None:
+    async def _replay(self, who: Principal, key: str, fingerprint: str) -> CallResult | None:
         """The first run's result for a repeated key, or None (the key is now claimed)."""
         claim = self.store.claim_idempotency_key
         found = await self.store.io(claim, who.user_id, key, fingerprint, self.idempotency_ttl_s)
@@ -558,7 +558,7 @@ class Calls:
         ):
             raise BudgetExhausted(install_id, budget.resets_at)
 
-    async def decide(self, approval_id: str, *, approve: bool, who: Who) -> ApprovalRow:
+    async def decide(self, approval_id: str, *, approve: bool, who: Principal) -> ApprovalRow:
         """Approve (which releases exactly one run, started now) or deny an approval."""
         approval = await self.store.io(self.store.get_approval, approval_id)
         if approval is None:

@@ -79,20 +79,20 @@ class _Server(uvicorn.Server):
         if self.draining is not None or state is None:
             super().handle_exit(sig, frame)  # a second signal, or not serving yet: now
             return
-        state.calls.gate.closing = True
+        state.governor.gate.closing = True
         sd_notify("STOPPING=1\nSTATUS=draining runs")
         self.draining = asyncio.get_event_loop().create_task(self._drain(sig, frame))
 
     async def _drain(self, sig: int, frame: FrameType | None) -> None:
         state = self.app.state.runnerd
-        running = state.calls.running
+        running = state.governor.running
         log.info(
             "stopping: %d run(s) in their jails get %g s to finish", len(running), self.grace_s
         )
         deadline = time.monotonic() + self.grace_s
-        while state.calls.running and time.monotonic() < deadline:
+        while state.governor.running and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        left = await state.calls.interrupt(state.calls.running)
+        left = await state.governor.interrupt(state.governor.running)
         if left:
             log.warning("stopping: ended %d run(s) as failed (interrupted)", len(left))
         # Not handle_exit: uvicorn would raise the signal again once stopped, and a

@@ -1,5 +1,5 @@
 """Load limits of the API: a token bucket per API key. (Run admission, the bounded
-concurrency and queue of runs, is in runnerd/calls.py: approved runs pass it too.)"""
+concurrency and queue of runs, is in runnerd/govern/governor.py: approved runs pass it too.)"""
 
 from __future__ import annotations
 

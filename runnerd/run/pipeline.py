@@ -21,22 +21,22 @@ from typing import Any, Protocol
 import fastjsonschema
 import msgspec
 
-from runnerd.checks.checker import Checker, CheckTimedOut, Validators
+from runnerd.after_answer import after_answer
 from runnerd.checks.nesting import nesting_over
+from runnerd.checks.pool import Checker, CheckTimedOut, Validators
 from runnerd.checks.schemas import SchemaError
-from runnerd.constants import MAX_ERROR_CHARS, MAX_INPUT_BYTES, MAX_JSON_DEPTH, MAX_OUTPUT_BYTES
-from runnerd.deferred import after_answer
 from runnerd.errors import RunnerdError
-from runnerd.run.envs import EnvManager
+from runnerd.limits import MAX_ERROR_CHARS, MAX_INPUT_BYTES, MAX_JSON_DEPTH, MAX_OUTPUT_BYTES
 from runnerd.run.jail import EGRESS_SOCKET, JailEnd, Job, Outcome, Sandbox
+from runnerd.run.package_envs import EnvManager
 from runnerd.run.scrub import Scrubber
 
 __all__ = [
     "CheckedInput",
     "InputRejected",
+    "Pipeline",
     "RunResult",
     "RunnableTool",
-    "Runner",
     "ToolUnusable",
 ]
 
@@ -180,7 +180,7 @@ def _too_deep(what: str) -> str:
     return f"{what} is nested deeper than {MAX_JSON_DEPTH} levels, the limit"
 
 
-class Runner:
+class Pipeline:
     """Runs tools: the same checks and the same jail for the daemon and ``tool test``."""
 
     def __init__(

@@ -7,7 +7,7 @@ JavaScript tool, and calls it over HTTP the way agents and workflows do: paced, 
 back, from 8 clients at once, and in a burst after an idle spell. In the same run it
 times what no runner can beat on this machine: a bare interpreter, and a bare nsjail +
 interpreter, alone and spawned by several workers. Cold runs (no warm jail) go through
-the run engine in this process. The daemon's memory is read before and after the load.
+the run machine in this process. The daemon's memory is read before and after the load.
 
 Nothing here asserts a timing: the report gives medians, p95 and p99, the ratios, and
 the targets they are read against (docs/BENCHMARKS.md).
@@ -39,7 +39,7 @@ import msgspec
 
 import runnerd
 from runnerd.config import Settings
-from runnerd.run.engine import Engine, build_engine
+from runnerd.run.machine import Machine, build_machine
 from runnerd.run.runtimes import clean_env
 from runnerd.store import Store
 from runnerd.upload.bundle import Tool, load_bundle
@@ -335,9 +335,9 @@ def _app_files(tools: list[tuple[str, str, str]]) -> dict[str, bytes]:
     return files
 
 
-def bench_tool(engine: Engine, name: str, ext: str, source: str) -> Tool:
+def bench_tool(machine: Machine, name: str, ext: str, source: str) -> Tool:
     """One trivial tool, checked as an upload checks it, for the run engine."""
-    [tool] = load_bundle(_app_files([(name, ext, source)]), toolchain=engine.toolchain).tools
+    [tool] = load_bundle(_app_files([(name, ext, source)]), toolchain=machine.toolchain).tools
     return tool
 
 
@@ -452,15 +452,15 @@ def _caller(daemon: _Daemon, path: str) -> Callable[[], bool]:
     return call
 
 
-def bare_jail(engine: Engine, argv: list[str], mounts: tuple[str, ...]) -> list[str]:
+def bare_jail(machine: Machine, argv: list[str], mounts: tuple[str, ...]) -> list[str]:
     """nsjail starting ``argv`` with runnerd's limits and nothing else: the floor of any
     sandboxed run here."""
-    uid = engine.settings.sandbox_uid_base
-    cmd = [engine.sandbox.nsjail, "--mode", "o", "--really_quiet", "--user", f"1000:{uid}:1",
+    uid = machine.settings.sandbox_uid_base
+    cmd = [machine.sandbox.nsjail, "--mode", "o", "--really_quiet", "--user", f"1000:{uid}:1",
            "--group", f"1000:{uid}:1", "--disable_proc", "--rlimit_as", "inf"]  # fmt: skip
-    if engine.cgroups.enabled:
-        cmd += [*engine.cgroups.nsjail_args, "--cgroup_mem_max",
-                str(engine.settings.memory_mb << 20), "--cgroup_pids_max", "64"]  # fmt: skip
+    if machine.cgroups.enabled:
+        cmd += [*machine.cgroups.nsjail_args, "--cgroup_mem_max",
+                str(machine.settings.memory_mb << 20), "--cgroup_pids_max", "64"]  # fmt: skip
     for mount in mounts:
         cmd += ["--bindmount_ro", mount]
     return [*cmd, "--", *argv]
@@ -472,7 +472,7 @@ def _spawner(argv: list[str]) -> Callable[[], bool]:
 
 
 async def _cold_runs(
-    engine: Engine, bare: dict[str, Callable[[], bool]], tools: dict[str, Tool], count: int
+    machine: Machine, bare: dict[str, Callable[[], bool]], tools: dict[str, Tool], count: int
 ) -> dict[str, Stats]:
     """``count`` turns; in each, every bare spawn once, and every tool once in a jail
     started for it (no warm pool), as the daemon calls it; one event loop for all, so
@@ -483,7 +483,7 @@ async def _cold_runs(
         for spawn in bare.values():  # the page cache
             spawn()
         for tool in tools.values():
-            await engine.runner.run(tool, {"n": 0}, logs=False)
+            await machine.pipeline.run(tool, {"n": 0}, logs=False)
         for i in range(count):
             for label, spawn in bare.items():
                 began = time.perf_counter()
@@ -493,11 +493,11 @@ async def _cold_runs(
                 # the last jail ends after its answer: not on this one's clock
                 await asyncio.sleep(COLD_PAUSE_S)
                 began = time.perf_counter()
-                result = await engine.runner.run(tool, {"n": i}, logs=False)
+                result = await machine.pipeline.run(tool, {"n": i}, logs=False)
                 ms[label].append((time.perf_counter() - began) * 1000)
                 failed[label] += result.status != "succeeded"
     finally:
-        await engine.sandbox.close()
+        await machine.sandbox.close()
     return {label: Stats.of(ms[label], failed=failed[label]) for label in ms}
 
 
@@ -521,14 +521,14 @@ def run_bench(
         cold = msgspec.structs.replace(
             settings, data_dir=data / "cold", cache_dir=None, toolchain_dir=settings.toolchain_path
         )
-        engine = build_engine(cold)
-        rt = engine.runtimes
-        with_js = rt.node is not None and engine.toolchain.is_installed()
+        machine = build_machine(cold)
+        rt = machine.runtimes
+        with_js = rt.node is not None and machine.toolchain.is_installed()
         bench = Bench(machine={
             "runnerd": runnerd.__version__,
             "mode": "quick" if quick else "full",
             "cpus": os.cpu_count(),
-            "cgroups": engine.cgroups.mode,
+            "cgroups": machine.cgroups.mode,
             "python": rt.python.version if rt.python else None,
             "node": rt.node.version if rt.node else None,
             "warm_jails": settings.warm_jails,
@@ -546,20 +546,20 @@ def run_bench(
         bare: dict[str, Callable[[], bool]] = {}
         if rt.python is not None:
             bare_py = [rt.python.executable, "-I", "-S", "-c", "pass"]
-            jailed_py = bare_jail(engine, bare_py, rt.python.mounts)
+            jailed_py = bare_jail(machine, bare_py, rt.python.mounts)
             bare["bare python3 -I -S -c pass"] = _spawner(bare_py)
             bare["bare nsjail + python"] = _spawner(jailed_py)
         if rt.node is not None:
             bare["bare node -e 0"] = _spawner([rt.node.path, "-e", "0"])
-            jailed_node = bare_jail(engine, [rt.node.path, "-e", "0"], rt.node.mounts)
+            jailed_node = bare_jail(machine, [rt.node.path, "-e", "0"], rt.node.mounts)
             bare["bare nsjail + node"] = _spawner(jailed_node)
         say("baselines and cold runs (no warm jail), in turns")
         cold_tools = [("Python", "cold_py", ".py", PY_TOOL)]
         if with_js:
             cold_tools += [("JS", "cold_js", ".mjs", JS_TOOL), ("TS", "cold_ts", ".ts", TS_TOOL)]
-        cold_jobs = {f"cold {label} tool": bench_tool(engine, name, ext, source)
+        cold_jobs = {f"cold {label} tool": bench_tool(machine, name, ext, source)
                  for label, name, ext, source in cold_tools}  # fmt: skip
-        c.update(asyncio.run(_cold_runs(engine, bare, cold_jobs, sizes.runs)))
+        c.update(asyncio.run(_cold_runs(machine, bare, cold_jobs, sizes.runs)))
         if rt.python is not None:
             say("the spawn rate of bare jails")
             for workers in (2, CLIENTS):
@@ -567,8 +567,8 @@ def run_bench(
                 c[f"bare nsjail + python, {workers} workers"] = spawned = _load(
                     [_spawner(jailed_py)] * workers, sizes.spawn_s
                 )
-            machine, clients, _ = cpu.per(spawned.n)
-            bench.cpu_ms["bare spawn"] = machine - clients  # the spawner is no jail's cost
+            total, clients, _ = cpu.per(spawned.n)
+            bench.cpu_ms["bare spawn"] = total - clients  # the spawner is no jail's cost
 
         say("starting a throwaway daemon")
         daemon = _Daemon(settings, data / "daemon")
@@ -595,9 +595,9 @@ def run_bench(
             callers = [_caller(daemon, py) for _ in range(CLIENTS)]
             cpu = _Cpu(daemon.proc.pid)
             c[f"Python tool, {CLIENTS} clients"] = loaded = _load(callers, sizes.load_s)
-            machine, clients, served = cpu.per(loaded.n)
-            bench.cpu_ms.update({"runnerd run": machine - clients, "daemon": served,
-                                 "jails and kernel": machine - clients - served,
+            total, clients, served = cpu.per(loaded.n)
+            bench.cpu_ms.update({"runnerd run": total - clients, "daemon": served,
+                                 "jails and kernel": total - clients - served,
                                  "clients": clients})  # fmt: skip
             bench.memory_mb["after load"] = daemon.rss_mb()
             say(f"a burst of {BURST} calls after {sizes.idle_s:g} s idle")

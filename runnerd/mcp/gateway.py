@@ -55,8 +55,8 @@ from starlette.types import Message, Receive, Scope, Send
 from runnerd import __version__
 from runnerd.api.auth import Caller, bearer_or_key
 from runnerd.api.errors import ApiError, error_response, from_domain
-from runnerd.calls import CallResult, Pending, Who, request_hash
 from runnerd.errors import RunnerdError
+from runnerd.govern.governor import CallResult, Pending, Principal, request_hash
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState
@@ -368,7 +368,7 @@ class McpGateway:
         self, ctx: Any, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
         state, caller, workspace_id = await self._context(ctx)
-        who = Who(user_id=caller.need_person(), key_id=caller.key.id)
+        who = Principal(user_id=caller.need_person(), key_id=caller.key.id)
         arguments = params.arguments or {}
         if params.name == APPROVAL_TOOL:
             return await self._approval_result(state, who, workspace_id, arguments)
@@ -387,7 +387,9 @@ class McpGateway:
             await caller.member(state.store, workspace_id, role="member")
             if params.request_state is not None:
                 return await self._confirmed(state, who, install, tool_name, arguments, params)
-            outcome = await state.calls.call(install, tool_name, arguments, who=who, surface="chat")
+            outcome = await state.governor.call(
+                install, tool_name, arguments, who=who, surface="chat"
+            )
             if isinstance(outcome, Pending):
                 asking = _Asking(install.app_slug, tool_name, tool.output_schema, arguments)
                 return await self._ask(state, ctx, who, asking, outcome)
@@ -396,7 +398,7 @@ class McpGateway:
         return _result(outcome)
 
     async def _ask(
-        self, state: AppState, ctx: Any, who: Who, asking: _Asking, held: Pending
+        self, state: AppState, ctx: Any, who: Principal, asking: _Asking, held: Pending
     ) -> types.CallToolResult | types.InputRequiredResult:
         """A held write call: ask the person in the form the session's protocol revision
         has, or say it waits. From 2026-07-28 an ``InputRequiredResult`` (the retry
@@ -415,7 +417,7 @@ class McpGateway:
         return await self._elicit(state, ctx, who, asking, held)
 
     async def _elicit(
-        self, state: AppState, ctx: Any, who: Who, asking: _Asking, held: Pending
+        self, state: AppState, ctx: Any, who: Principal, asking: _Asking, held: Pending
     ) -> types.CallToolResult:
         """The 2025 eras: ask over ``elicitation/create`` while the call waits, and
         decide its approval by the answer, at once. Anything but an accepted, ticked box
@@ -424,13 +426,13 @@ class McpGateway:
         form = _confirm_form(asking)
         answer: types.ElicitResult | None = None
         try:
-            with anyio.move_on_after(state.calls.approval_ttl_s):
+            with anyio.move_on_after(state.governor.approval_ttl_s):
                 answer = await ctx.session.elicit_form(
                     form.message, form.requested_schema, related_request_id=ctx.request_id
                 )
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                await state.calls.decide(held.approval_id, approve=False, who=who)
+                await state.governor.decide(held.approval_id, approve=False, who=who)
             raise
         except Exception as exc:  # the client's error, or an answer that is no ElicitResult
             log.info(
@@ -441,9 +443,9 @@ class McpGateway:
             and answer.action == "accept"
             and (answer.content or {}).get("confirm") is True
         )
-        decided = await state.calls.decide(held.approval_id, approve=accepted, who=who)
+        decided = await state.governor.decide(held.approval_id, approve=accepted, who=who)
         if accepted and decided.run_id is not None:
-            return _result(await state.calls.outcome(decided.run_id))
+            return _result(await state.governor.outcome(decided.run_id))
         said = "Declined" if answer is not None else "Not confirmed (the client gave no answer)"
         return types.CallToolResult(
             content=[types.TextContent(text=f"{said}: the call did not run.")],
@@ -454,7 +456,7 @@ class McpGateway:
     async def _confirmed(
         self,
         state: AppState,
-        who: Who,
+        who: Principal,
         install: Any,
         tool_name: str,
         arguments: dict[str, Any],
@@ -481,17 +483,17 @@ class McpGateway:
             # "yes", 1 or anything else a client sends for an unticked box does not.
             and (answer.content or {}).get("confirm") is True
         )
-        decided = await state.calls.decide(approval.id, approve=accepted, who=who)
+        decided = await state.governor.decide(approval.id, approve=accepted, who=who)
         if not accepted or decided.run_id is None:
             return types.CallToolResult(
                 content=[types.TextContent(text="Declined: the call did not run.")],
                 structured_content={"status": "declined", "approvalId": approval.id},
                 is_error=True,
             )
-        return _result(await state.calls.outcome(decided.run_id))
+        return _result(await state.governor.outcome(decided.run_id))
 
     async def _approval_result(
-        self, state: AppState, who: Who, workspace_id: str, arguments: dict[str, Any]
+        self, state: AppState, who: Principal, workspace_id: str, arguments: dict[str, Any]
     ) -> types.CallToolResult:
         approval = await state.store.io(
             state.store.get_approval, str(arguments.get("approvalId", ""))
@@ -500,14 +502,14 @@ class McpGateway:
             return _refused(
                 ApiError("NOT_FOUND", "No such approval", details={"code": "APPROVAL_NOT_FOUND"})
             )
-        await state.calls.expire()
+        await state.governor.expire()
         approval = await state.store.io(state.store.get_approval, approval.id) or approval
         found: dict[str, Any] = {"approvalId": approval.id, "status": approval.status}
         if approval.run_id is None:
             return types.CallToolResult(
                 content=[types.TextContent(text=json.dumps(found))], structured_content=found
             )
-        run = await state.calls.outcome(approval.run_id)
+        run = await state.governor.outcome(approval.run_id)
         # GET /api/v2/runs/{id}'s rule: the output is the asker's, the approver's who
         # released it, or an admin's; anyone else of the workspace sees the status only.
         member = await state.store.io(state.store.membership, workspace_id, who.user_id)

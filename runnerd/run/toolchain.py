@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runnerd.constants import MIN_NODE_MAJOR, TOOLCHAIN_PACKAGES
 from runnerd.errors import RunnerdError
+from runnerd.limits import MIN_NODE_MAJOR, TOOLCHAIN_PACKAGES
 from runnerd.run.runtimes import CLEAN_PATH, SYSTEM_CA, NodeRuntime, clean_env, npm_cli
 
 __all__ = ["Toolchain", "ToolchainError"]

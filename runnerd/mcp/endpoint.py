@@ -24,11 +24,11 @@ from starlette.types import Message, Receive, Scope, Send
 from runnerd.api.errors import ApiError, error_response
 from runnerd.api.ops import DECODE_INLINE_BYTES, refuse_repeated_keys, require_json
 from runnerd.checks.nesting import nesting_over
-from runnerd.constants import MAX_INPUT_BYTES, MAX_JSON_DEPTH
+from runnerd.limits import MAX_INPUT_BYTES, MAX_JSON_DEPTH
 
 if TYPE_CHECKING:
-    from runnerd.api.mcp import McpGateway
     from runnerd.api.state import AppState
+    from runnerd.mcp.gateway import McpGateway
 
 __all__ = ["McpEndpoint"]
 
@@ -133,7 +133,7 @@ class McpEndpoint:
             return
         assert self._gateway is not None
         try:
-            module = await asyncio.to_thread(importlib.import_module, "runnerd.api.mcp")
+            module = await asyncio.to_thread(importlib.import_module, "runnerd.mcp.gateway")
             gateway: McpGateway = module.McpGateway()
             gateway.state = self.state
         except Exception as exc:
