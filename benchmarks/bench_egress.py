@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from egress_lab import HTTPS_PORT, egress_lab
 from runnerd.cli.bench import bench_tool
 from runnerd.config import load_settings
+from runnerd.model import Tool
 from runnerd.run.machine import Machine, build_machine
-from runnerd.upload.bundle import Tool
 
 CALL = """\
 import ssl, time, urllib.request

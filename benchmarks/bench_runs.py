@@ -21,9 +21,9 @@ from pathlib import Path
 
 from runnerd.cli.bench import bare_jail, bench_tool
 from runnerd.config import load_settings
+from runnerd.model import Tool
 from runnerd.run.machine import Machine, build_machine
 from runnerd.run.runtimes import clean_env
-from runnerd.upload.bundle import Tool
 
 
 def _time(fn: Callable[[], object], runs: int) -> list[float]:

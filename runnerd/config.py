@@ -3,12 +3,14 @@
 Built once by the CLI and passed down explicitly. Settings are the only reader of the
 ``RUNNERD_*`` variables, but for the client commands' own ``RUNNERD_URL``,
 ``RUNNERD_API_KEY`` and ``RUNNERD_WORKSPACE`` (cli/client.py). Every tunable default lives
-here; fixed limits live in constants.py.
+here; fixed limits live in limits.py. A leaf: it checks values with the leaf modules
+(limits, egress) and imports nothing above them.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,26 +18,23 @@ from typing import Any
 
 import msgspec
 
-from runnerd import limits as C
-from runnerd.errors import RunnerdError
+from runnerd import limits as L
+from runnerd.egress import parse_networks
+from runnerd.errors import ConfigError
 
-__all__ = ["ConfigError", "Settings", "load_settings"]
-
-
-class ConfigError(RunnerdError):
-    """A config file, env variable or flag with a bad value; the message names it."""
+__all__ = ["Settings", "load_settings", "redact_url"]
 
 
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    data_dir: Path = Path(C.DEFAULT_DATA_DIR).expanduser()
+    data_dir: Path = Path(L.DEFAULT_DATA_DIR).expanduser()
     # The store: unset, a SQLite file in the data dir (one node); "sqlite:///PATH"; or
     # "postgresql://user:password@host:port/db", shared by any number of nodes
     # (docs/SCALING.md; needs `pip install 'runnerd[postgres]'`).
     database_url: str | None = None
     # PostgreSQL only: connections (and worker threads for store work) per node.
-    database_connections: int = C.DB_THREADS
-    host: str = C.DEFAULT_HOST
-    port: int = C.DEFAULT_PORT
+    database_connections: int = L.DB_THREADS
+    host: str = L.DEFAULT_HOST
+    port: int = L.DEFAULT_PORT
     # Node.js that runs JS/TS tools and the upload checks: a path, or a name on PATH.
     node: str = "node"
     # Python that runs Python tools; default: the daemon's own, if jails can read it.
@@ -105,7 +104,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # On SIGTERM: how long runs already in their jails may go on before they are ended as
     # failed (interrupted); new calls are refused with 503 meanwhile.
     stop_grace_s: int = 30
-    # The HTTP port against slow and many connections (runnerd/api/connections.py): a
+    # The HTTP port against slow and many connections (runnerd/daemon/connections.py): a
     # request head must arrive whole within http_header_timeout_s of its first byte, and
     # a body may pause at most http_body_timeout_s between two bytes (else 408). Open
     # connections per client address (an IPv6 /64 is one) and in all: at a cap, one that
@@ -152,7 +151,7 @@ def _bundled_toolchain() -> Path | None:
         stamp = json.loads((folder / "runnerd-toolchain.json").read_text())
     except (OSError, ValueError):
         return None
-    return folder if stamp == C.TOOLCHAIN_PACKAGES else None
+    return folder if stamp == L.TOOLCHAIN_PACKAGES else None
 
 
 _FIELDS = Settings.__struct_fields__
@@ -218,28 +217,34 @@ def load_settings(
     if settings.database_url is not None and not settings.database_url.startswith(
         ("sqlite:///", "postgresql://", "postgres://")
     ):
-        from runnerd.store.db import redact_url
-
         raise ConfigError(
             f"invalid setting database_url: {redact_url(settings.database_url)!r} "
             "(sqlite:///PATH or postgresql://user:password@host:port/db)"
         )
-    if not 1 <= settings.database_connections <= 1000:
+    if not 1 <= settings.database_connections <= L.MAX_DATABASE_CONNECTIONS:
         raise ConfigError(
-            f"invalid setting database_connections: {settings.database_connections} (1 to 1000)"
+            f"invalid setting database_connections: {settings.database_connections} "
+            f"(1 to {L.MAX_DATABASE_CONNECTIONS})"
         )
     if settings.log_format not in ("text", "json"):
         raise ConfigError(f"invalid setting log_format: {settings.log_format!r} (text or json)")
     for name in ("http_header_timeout_s", "http_body_timeout_s"):
-        if not 0 < getattr(settings, name) <= 3600:  # NaN fails this too
-            raise ConfigError(f"invalid setting {name}: {getattr(settings, name)} (0 to 3600 s)")
+        if not 0 < getattr(settings, name) <= L.MAX_HTTP_TIMEOUT_S:  # NaN fails this too
+            raise ConfigError(
+                f"invalid setting {name}: {getattr(settings, name)} (0 to {L.MAX_HTTP_TIMEOUT_S} s)"
+            )
     for name in ("http_max_connections_per_client", "http_max_connections"):
-        if not 1 <= getattr(settings, name) <= 1_000_000:
-            raise ConfigError(f"invalid setting {name}: {getattr(settings, name)} (1 to 1000000)")
-    from runnerd.run.proxy import parse_networks
-
+        if not 1 <= getattr(settings, name) <= L.MAX_HTTP_CONNECTIONS:
+            raise ConfigError(
+                f"invalid setting {name}: {getattr(settings, name)} (1 to {L.MAX_HTTP_CONNECTIONS})"
+            )
     try:
         parse_networks(settings.egress_allow_networks)
     except ValueError as exc:
         raise ConfigError(f"invalid setting egress_allow_networks: {exc}") from None
     return settings
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)

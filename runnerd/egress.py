@@ -5,18 +5,40 @@ name below slack.com, not slack.com itself), or an IP literal (``198.18.0.2``,
 ``[2001:db8::1]``), each optionally with a port (``crm.internal:8443``). Without a port
 it means ports 443 and 80. Entries are kept in a normal form (lower case, IPv6 in
 brackets, no default port), so two spellings of one destination are one entry.
+
+The daemon's ``egress_allow_networks`` (parse_networks) opens private networks to egress,
+never the networks in NEVER_NETWORKS.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_PORTS", "MAX_EGRESS_ENTRIES", "Destination", "EgressError", "covers", "parse"]
+from runnerd.limits import MAX_EGRESS_ENTRY_CHARS
+
+__all__ = [
+    "DEFAULT_PORTS",
+    "NEVER_NETWORKS",
+    "Destination",
+    "EgressError",
+    "Network",
+    "covers",
+    "parse",
+    "parse_networks",
+]
 
 DEFAULT_PORTS = (443, 80)  # an entry without a port: HTTPS and HTTP
-MAX_EGRESS_ENTRIES = 100  # runnerd: an app calls a handful of systems, not hundreds
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+# Never opened by egress_allow_networks: the host itself, cloud metadata, broadcast.
+NEVER_NETWORKS = [
+    ipaddress.ip_network(n)
+    for n in ("127.0.0.0/8", "::1/128", "0.0.0.0/8", "::/128", "169.254.0.0/16", "fe80::/10",
+              "224.0.0.0/4", "ff00::/8", "255.255.255.255/32", "::ffff:0:0/96",
+              "::/96", "::ffff:0:0:0/96")
+]  # fmt: skip
 _LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 _NUMERIC = re.compile(r"[0-9]+|0x[0-9a-f]*")  # a last label that makes a name an IPv4 (WHATWG)
 
@@ -44,8 +66,8 @@ class Destination:
 def parse(entry: str) -> Destination:
     """``entry`` as a Destination; EgressError saying what is wrong with it."""
     text = entry.strip().lower()
-    if not text or len(text) > 260:
-        raise EgressError("a destination is 1 to 260 characters")
+    if not text or len(text) > MAX_EGRESS_ENTRY_CHARS:
+        raise EgressError(f"a destination is 1 to {MAX_EGRESS_ENTRY_CHARS} characters")
     if "://" in text or "/" in text or "@" in text or "?" in text:
         raise EgressError(
             "a destination is a host, *.domain or an IP address, with an optional :port "
@@ -112,3 +134,25 @@ def covers(granted: Destination, wanted: Destination) -> bool:
         return not wanted.wildcard and granted.host == wanted.host
     domain = granted.host[1:]  # ".slack.com"
     return wanted.host.endswith(domain) and wanted.host != domain[1:]
+
+
+def parse_networks(entries: Iterable[str]) -> tuple[Network, ...]:
+    """``egress_allow_networks`` as networks; ValueError naming the entry at fault, which
+    is also any entry that overlaps one of NEVER_NETWORKS."""
+    found = []
+    for entry in entries:
+        try:
+            network = ipaddress.ip_network(entry.strip(), strict=False)
+        except ValueError:
+            raise ValueError(
+                f"{entry!r} is not a network in CIDR form, such as 10.20.0.0/16"
+            ) from None
+        for never in NEVER_NETWORKS:
+            if network.version == never.version and network.overlaps(never):
+                raise ValueError(
+                    f"{entry!r} overlaps {never}, which egress never reaches (this host, "
+                    "link-local and cloud metadata, multicast, IPv4-mapped, -compatible "
+                    "and -translated)"
+                )
+        found.append(network)
+    return tuple(found)

@@ -1,24 +1,102 @@
-"""Domain errors. They know nothing about HTTP; the API layer maps them to the envelope."""
+"""Every domain error runnerd raises on purpose, in one table.
+
+Each error is a class: its HTTP ``status``, its wire ``reason`` (``details.code`` in the
+error envelope) and, in its docstring, the one line a reader needs. The errors know
+nothing about HTTP beyond those two facts: the API layer (api/errors.py, ``from_domain``)
+turns each into the envelope in one place, and docs/API.md lists every reason a caller
+can meet (tests/test_error_table.py keeps the two in step).
+
+A reason that is the envelope's code itself (``UNAUTHORIZED``, ``RATE_LIMITED``,
+``SERVICE_UNAVAILABLE``) is not repeated in ``details``: those answers carry no
+``details.code``. An error without a reason never reaches a caller as such: it is a 500,
+or the CLI's message.
+
+A leaf module: it imports nothing from runnerd at run time.
+
+Sections: sign-in and access; request bodies and queries; apps, versions and installs;
+calls; approvals; secrets; people and keys; runs; store and vault; config; the daemon's
+doors (health, connections, MCP); the CLI's client.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 
-__all__ = ["BudgetExhausted", "BundleRejected", "Problem", "RunnerdError", "VersionExists"]
+if TYPE_CHECKING:
+    from runnerd.model import Problem
 
-
-class Problem(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One thing wrong with an upload: the file (relative to the app), the line, the message."""
-
-    file: str
-    message: str
-    line: int | None = None
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{where}: {self.message}"
+__all__ = [
+    "ApiFailure",
+    "AppNotFound",
+    "AppOwnedByAnotherWorkspace",
+    "ApprovalNotFound",
+    "ApprovalNotPending",
+    "ApprovalRequestLost",
+    "ApprovalUnavailable",
+    "AskerNoLongerAllowed",
+    "BackupError",
+    "BodyNotAllowed",
+    "BodyTooLarge",
+    "BudgetExhausted",
+    "BundleRejected",
+    "ConfigError",
+    "ContentTypeNotJson",
+    "CsrfTokenInvalid",
+    "DatabaseUnavailable",
+    "DuplicateKey",
+    "DuplicateSessionId",
+    "EgressNotRequested",
+    "EnvBuildFailed",
+    "IdempotencyConflict",
+    "InputRejected",
+    "InputTooLarge",
+    "InstallNotFound",
+    "InsufficientRole",
+    "InsufficientScope",
+    "InvalidApiKey",
+    "InvalidBody",
+    "InvalidEgress",
+    "InvalidIdempotencyKey",
+    "InvalidInput",
+    "InvalidQuery",
+    "InvalidScopes",
+    "InvalidSecretName",
+    "InvalidSecretValue",
+    "InvalidSignIn",
+    "KeyNotFound",
+    "McpStopping",
+    "MemberNotFound",
+    "MissingWorkspace",
+    "NoPreviousVersion",
+    "NotAMember",
+    "NotAnApprover",
+    "NotReady",
+    "PersonalKeyRequired",
+    "RateLimited",
+    "RequestHeadTooLarge",
+    "RequestTimeout",
+    "RunNotFound",
+    "RunQueueFull",
+    "RunnerdError",
+    "SandboxUnavailable",
+    "SecretNotFound",
+    "Stopping",
+    "StoreUnavailable",
+    "TooManyConnections",
+    "ToolNotFound",
+    "ToolUnusable",
+    "ToolchainError",
+    "Unauthenticated",
+    "VaultError",
+    "VersionExists",
+    "VersionNotFound",
+    "VersionNotPublished",
+    "WorkspaceKeyNotAllowed",
+    "WorkspaceNotFound",
+]
 
 
 class RunnerdError(Exception):
@@ -29,14 +107,178 @@ class RunnerdError(Exception):
     needs besides, and ``retry_after_s`` when trying again later will work. The API maps
     every such error through these, in one place (api/errors.py). An error without a
     ``reason`` never reaches a caller as such: it is a 500.
+
+    Raised without a message, the error says its ``default_message``.
     """
 
     reason: str | None = None
     status: int = 500
     retry_after_s: int | None = None
+    default_message: ClassVar[str] = ""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.default_message)
 
     def wire_details(self) -> dict[str, Any]:
         return {}
+
+
+# --- sign-in and access ---------------------------------------------------------------------
+
+
+class Unauthenticated(RunnerdError):
+    """No key or session, or one that no longer holds; the message says which."""
+
+    reason, status = "UNAUTHORIZED", 401
+    default_message = "Authentication required"
+
+
+class InvalidApiKey(Unauthenticated):
+    """The API key is unknown, or revoked."""
+
+    default_message = "Invalid or revoked API key"
+
+
+class InsufficientScope(RunnerdError):
+    """A token without the scope the route needs."""
+
+    reason, status = "INSUFFICIENT_SCOPE", 403
+
+    def __init__(self, scope: str) -> None:
+        super().__init__(f"this token lacks the {scope} scope")
+
+
+class WorkspaceKeyNotAllowed(RunnerdError):
+    """A workspace key, on a route that acts for a person."""
+
+    reason, status = "WORKSPACE_KEY_NOT_ALLOWED", 403
+    default_message = (
+        "Workspace API keys cannot call this endpoint: a tool always runs for a person "
+        "whose access can be checked; use a personal API key or token"
+    )
+
+
+class PersonalKeyRequired(RunnerdError):
+    """A scoped token, where only a personal key will do (signing in)."""
+
+    reason, status = "PERSONAL_KEY_REQUIRED", 403
+
+
+class InsufficientRole(RunnerdError):
+    """The person is not in the workspace with the role (and the Apps module) needed."""
+
+    reason, status = "INSUFFICIENT_WORKSPACE_ROLE", 403
+    default_message = "Insufficient workspace permissions"
+
+
+class CsrfTokenInvalid(RunnerdError):
+    """A session's request that changes state without the session's CSRF token."""
+
+    reason, status = "CSRF_TOKEN_INVALID", 403
+    default_message = "this request changes state and lacks the session's CSRF token"
+
+
+class InvalidSignIn(RunnerdError):
+    """A sign-in body with neither (or both) of apiKey and loginToken."""
+
+    reason, status = "INVALID_SIGN_IN", 400
+    default_message = "send apiKey (a personal API key) or loginToken (from a sign-in link)"
+
+
+class RateLimited(RunnerdError):
+    """Past the key's request rate; ``retryAfter`` says when the next one gets through."""
+
+    reason, status = "RATE_LIMITED", 429
+    default_message = "API rate limit exceeded"
+
+    def __init__(self, retry_after_s: float) -> None:
+        when = datetime.now(UTC) + timedelta(seconds=retry_after_s)
+        self.retry_at = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        # Whole seconds for the header, rounded up, and never 0 (0 reads as "now").
+        self.retry_after_s = max(1, round(retry_after_s + 0.499))
+        super().__init__()
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"retryAfter": self.retry_at}
+
+
+# --- request bodies and queries -------------------------------------------------------------
+
+
+class ContentTypeNotJson(RunnerdError):
+    """A body not labelled ``application/json`` (with at most ``charset=utf-8``)."""
+
+    reason, status = "CONTENT_TYPE_NOT_JSON", 415
+
+    def __init__(self, got: str) -> None:
+        super().__init__(
+            "Content-Type must be application/json (a charset=utf-8 parameter may follow), "
+            f"in one header; got {got}"
+        )
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"field": "Content-Type"}
+
+
+class BodyNotAllowed(RunnerdError):
+    """A body sent to a request that takes none."""
+
+    reason, status = "BODY_NOT_ALLOWED", 400
+
+
+class BodyTooLarge(RunnerdError):
+    """A body over the route's limit, refused unread."""
+
+    reason, status = "BODY_TOO_LARGE", 400
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body is larger than {limit:,} bytes")
+
+
+class InvalidBody(RunnerdError):
+    """A body that is not JSON, or not the route's shape; the message says where."""
+
+    reason, status = "INVALID_BODY", 400
+
+
+class DuplicateKey(RunnerdError):
+    """A body holding a key twice in one object (``details.key`` names it)."""
+
+    reason, status = "DUPLICATE_KEY", 400
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(
+            f"request body holds the key {key!r} twice in one object; send each key once"
+        )
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"key": self.key}
+
+
+class InvalidQuery(RunnerdError):
+    """A query parameter missing or out of bounds (``details.field`` names it)."""
+
+    reason, status = "INVALID_QUERY", 400
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"field": self.field}
+
+
+class InvalidIdempotencyKey(RunnerdError):
+    """An Idempotency-Key header that is empty or too long."""
+
+    reason, status = "INVALID_IDEMPOTENCY_KEY", 400
+
+    def __init__(self, max_chars: int) -> None:
+        super().__init__(f"Idempotency-Key is 1 to {max_chars} characters")
+
+
+# --- apps, versions and installs ------------------------------------------------------------
 
 
 class BundleRejected(RunnerdError):
@@ -72,6 +314,101 @@ class VersionExists(RunnerdError):
         )
 
 
+class AppNotFound(RunnerdError):
+    """No app of that slug."""
+
+    reason, status = "APP_NOT_FOUND", 404
+
+    def __init__(self, slug: str) -> None:
+        super().__init__(f"No app {slug!r}")
+
+
+class AppOwnedByAnotherWorkspace(RunnerdError):
+    """The app's slug belongs to another workspace."""
+
+    reason, status = "APP_OWNED_BY_ANOTHER_WORKSPACE", 403
+
+    def __init__(self, slug: str) -> None:
+        super().__init__(f"app {slug!r} belongs to another workspace")
+
+
+class VersionNotFound(RunnerdError):
+    """No such version (of that app)."""
+
+    reason, status = "VERSION_NOT_FOUND", 404
+    default_message = "No such version"
+
+    def __init__(self, slug: str | None = None, version: str | None = None) -> None:
+        super().__init__(f"No version {version!r} of app {slug!r}" if slug and version else "")
+
+
+class VersionNotPublished(RunnerdError):
+    """The version exists but is not published, so it cannot be installed."""
+
+    reason, status = "VERSION_NOT_PUBLISHED", 400
+
+    def __init__(self, slug: str, version: str) -> None:
+        super().__init__(f"version {version!r} of {slug!r} is not published")
+
+
+class NoPreviousVersion(RunnerdError):
+    """A rollback of an install that never ran another version."""
+
+    reason, status = "NO_PREVIOUS_VERSION", 400
+    default_message = "the install has no previous version to roll back to"
+
+
+class InvalidEgress(RunnerdError):
+    """An egress grant entry that does not parse (``details.field`` names it)."""
+
+    reason, status = "INVALID_EGRESS", 400
+
+    def __init__(self, index: int, problem: str) -> None:
+        self.field = f"egress[{index}]"
+        super().__init__(f"{self.field}: {problem}")
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"field": self.field}
+
+
+class EgressNotRequested(RunnerdError):
+    """An egress grant wider than the version asks for: a grant only narrows."""
+
+    reason, status = "EGRESS_NOT_REQUESTED", 400
+
+    def __init__(self, index: int, wanted: str, version: str) -> None:
+        self.field = f"egress[{index}]"
+        super().__init__(
+            f"{self.field}: {wanted} is not among what version {version} asks for; a grant "
+            "can only narrow the version's egress"
+        )
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"field": self.field}
+
+
+class InstallNotFound(RunnerdError):
+    """No such install, or one in a workspace the caller is not in."""
+
+    reason, status = "INSTALL_NOT_FOUND", 404
+    default_message = "No such install"
+
+
+# --- calls ----------------------------------------------------------------------------------
+
+
+class ToolNotFound(RunnerdError):
+    """The installed version has no tool of that name."""
+
+    reason, status = "TOOL_NOT_FOUND", 404
+
+
+class IdempotencyConflict(RunnerdError):
+    """The Idempotency-Key was first used with another request."""
+
+    reason, status = "IDEMPOTENCY_KEY_REUSED", 409
+
+
 class BudgetExhausted(RunnerdError):
     """The install's monthly budget is spent; refused before any sandbox starts."""
 
@@ -89,8 +426,293 @@ class BudgetExhausted(RunnerdError):
         return {"resetsAt": self.resets_at}
 
 
+class RunQueueFull(RunnerdError):
+    """More runs are waiting than the queue holds; try again shortly."""
+
+    reason, status, retry_after_s = "RUN_QUEUE_FULL", 503, 1
+
+
+class Stopping(RunnerdError):
+    """The daemon is stopping: it admits no new run; another node (or this one, once
+    restarted) will."""
+
+    reason, status, retry_after_s = "RUNNERD_STOPPING", 503, 5
+
+
+class RunNotFound(RunnerdError):
+    """No such run, or one in a workspace the caller is not in."""
+
+    reason, status = "RUN_NOT_FOUND", 404
+    default_message = "No such run"
+
+
+# --- approvals ------------------------------------------------------------------------------
+
+
+class ApprovalUnavailable(RunnerdError):
+    """An approval that cannot be decided or run; the subclasses say why."""
+
+
+class ApprovalNotFound(ApprovalUnavailable):
+    """No such approval, or one in a workspace the caller is not in."""
+
+    reason, status = "APPROVAL_NOT_FOUND", 404
+    default_message = "No such approval"
+
+
+class NotAnApprover(ApprovalUnavailable):
+    """The person may not decide this approval."""
+
+    reason, status = "NOT_AN_APPROVER", 403
+
+
+class ApprovalNotPending(ApprovalUnavailable):
+    """The approval was decided already, or expired."""
+
+    reason, status = "APPROVAL_NOT_PENDING", 409
+
+
+class ApprovalRequestLost(ApprovalUnavailable):
+    """The daemon restarted since the call was held: its input is gone; call again."""
+
+    reason, status = "APPROVAL_REQUEST_LOST", 409
+
+
+class AskerNoLongerAllowed(ApprovalUnavailable):
+    """The person who made the call may no longer run tools in the workspace."""
+
+    reason, status = "ASKER_NO_LONGER_ALLOWED", 409
+
+
+# --- secrets --------------------------------------------------------------------------------
+
+
+class InvalidSecretName(RunnerdError):
+    """A secret name that is no environment variable name, or one runnerd reserves."""
+
+    reason, status = "INVALID_SECRET_NAME", 400
+    default_message = (
+        "a secret name is an environment variable name: capital letters, digits and "
+        "underscores, not starting with a digit, and not one runnerd or the runtimes use "
+        "(PATH, HOME, LD_*, PYTHON*, NODE_*...)"
+    )
+
+
+class InvalidSecretValue(RunnerdError):
+    """A secret value too short to scrub, or too large."""
+
+    reason, status = "INVALID_SECRET_VALUE", 400
+
+
+class SecretNotFound(RunnerdError):
+    """The install has no secret of that name."""
+
+    reason, status = "SECRET_NOT_FOUND", 404
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"the install has no secret {name}")
+
+
+# --- people and keys ------------------------------------------------------------------------
+
+
+class WorkspaceNotFound(RunnerdError):
+    """No such workspace."""
+
+    reason, status = "WORKSPACE_NOT_FOUND", 404
+    default_message = "No such workspace"
+
+
+class MemberNotFound(RunnerdError):
+    """The person is not in this workspace."""
+
+    reason, status = "MEMBER_NOT_FOUND", 404
+    default_message = "No such person in this workspace"
+
+
+class NotAMember(RunnerdError):
+    """A key asked for a person who is not in the workspace."""
+
+    reason, status = "NOT_A_MEMBER", 400
+
+    def __init__(self, email: str) -> None:
+        super().__init__(f"{email} is not a person of this workspace: add them first")
+
+
+class InvalidScopes(RunnerdError):
+    """A token asked for with no scopes, or unknown ones."""
+
+    reason, status = "INVALID_SCOPES", 400
+
+    def __init__(self, scopes: tuple[str, ...]) -> None:
+        super().__init__(f"a token needs scopes from {', '.join(scopes)}")
+
+
+class KeyNotFound(RunnerdError):
+    """No such key in this workspace."""
+
+    reason, status = "KEY_NOT_FOUND", 404
+    default_message = "No such key in this workspace"
+
+
+# --- runs -----------------------------------------------------------------------------------
+
+
+class InputRejected(RunnerdError):
+    """The call is refused before any sandbox starts; ``code`` is the reason (a subclass
+    below) and ``pointer`` the JSON pointer of the failing field."""
+
+    status = 400
+    code: ClassVar[str]
+
+    def __init__(self, message: str, pointer: str | None = None) -> None:
+        self.pointer = pointer
+        super().__init__(message)
+
+    def wire_details(self) -> dict[str, Any]:
+        return {} if self.pointer is None else {"pointer": self.pointer}
+
+
+class InvalidInput(InputRejected):
+    """The input breaks the tool's input schema, or nests too deeply."""
+
+    reason = code = "INVALID_INPUT"
+
+
+class InputTooLarge(InputRejected):
+    """The input is larger than a tool takes."""
+
+    reason = code = "INPUT_TOO_LARGE"
+
+
+class ToolUnusable(RunnerdError):
+    """A stored tool this runnerd cannot call (its schema breaks a rule added since)."""
+
+    reason, status = "TOOL_UNUSABLE", 409
+
+
+class SandboxUnavailable(RunnerdError):
+    """The jail cannot start at all (no nsjail, no runtime, no free uid)."""
+
+    reason, status = "SANDBOXUNAVAILABLE", 503  # the wire reason clients already know
+
+
+class EnvBuildFailed(RunnerdError):
+    """An installer refused; the message is the installer's own."""
+
+
+class ToolchainError(RunnerdError):
+    """Node or the toolchain is missing or broken; the message says how to fix it."""
+
+
+# --- store and vault ------------------------------------------------------------------------
+
+
 class DatabaseUnavailable(RunnerdError):
     """The shared database (PostgreSQL) did not answer; nothing was started or changed.
     Try again shortly: the node reconnects on the next call."""
 
     reason, status, retry_after_s = "DATABASE_UNAVAILABLE", 503, 5
+
+
+class StoreUnavailable(RunnerdError):
+    """The database cannot be used: unreachable, or at a schema this runnerd does not
+    serve. The message says what to do."""
+
+
+class BackupError(RunnerdError):
+    """A backup or restore that cannot be done; the message says why."""
+
+
+class VaultError(RunnerdError):
+    """The key is missing or wrong for a stored secret."""
+
+    reason, status = "VAULTERROR", 503  # the wire reason clients already know
+
+
+# --- config ---------------------------------------------------------------------------------
+
+
+class ConfigError(RunnerdError):
+    """A config file, env variable or flag with a bad value; the message names it."""
+
+
+# --- the daemon's doors: health, connections, MCP -------------------------------------------
+
+
+class NotReady(RunnerdError):
+    """GET /readyz: a check failed (``details.checks`` says which)."""
+
+    reason, status = "SERVICE_UNAVAILABLE", 503
+    default_message = "not ready"
+
+    def __init__(self, checks: dict[str, Any]) -> None:
+        self.checks = checks
+        super().__init__()
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"checks": self.checks}
+
+
+class RequestTimeout(RunnerdError):
+    """The request's head or body did not arrive in time; the connection is closed."""
+
+    reason, status = "REQUEST_TIMEOUT", 408
+    default_message = "The request did not arrive in time"
+
+
+class RequestHeadTooLarge(RunnerdError):
+    """The request head is over its limit; the connection is closed."""
+
+    reason, status = "REQUEST_HEAD_TOO_LARGE", 431
+    default_message = "The request head is too large"
+
+
+class TooManyConnections(RunnerdError):
+    """The client holds as many connections as it may; this one is closed."""
+
+    reason, status, retry_after_s = "TOO_MANY_CONNECTIONS", 503, 1
+    default_message = "Too many connections from this client"
+
+
+class MissingWorkspace(RunnerdError):
+    """/mcp without ?workspaceId=: a session belongs to one workspace."""
+
+    reason, status = "MISSING_WORKSPACE", 400
+    default_message = "connect to /mcp?workspaceId=…: a session belongs to one workspace"
+
+
+class DuplicateSessionId(RunnerdError):
+    """An MCP request with more than one Mcp-Session-Id header."""
+
+    reason, status = "DUPLICATE_SESSION_ID", 400
+    default_message = "send one Mcp-Session-Id header"
+
+    def __init__(self, header: str) -> None:
+        self.header = header  # as the MCP SDK spells it
+        super().__init__()
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"field": self.header}
+
+
+class McpStopping(RunnerdError):
+    """The daemon is stopping, and /mcp takes no new request."""
+
+    reason, status = "SERVICE_UNAVAILABLE", 503
+    default_message = "runnerd is stopping"
+
+
+# --- the CLI's client -----------------------------------------------------------------------
+
+
+class ApiFailure(RunnerdError):
+    """The daemon answered with an error envelope, or could not be reached."""
+
+    def __init__(
+        self, status: int, code: str, message: str, details: dict[str, Any] | None = None
+    ) -> None:
+        self.status = status
+        self.code = code
+        self.details = details or {}
+        super().__init__(message)

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-import secrets
 import time
 from contextvars import ContextVar
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+__all__ = ["REQUEST_ID", "configure"]
 
-__all__ = ["REQUEST_ID", "RequestIds", "configure"]
-
+# Set for each HTTP request by RequestIds (runnerd/daemon/middleware.py).
 REQUEST_ID: ContextVar[str | None] = ContextVar("runnerd_request_id", default=None)
-_GIVEN = re.compile(r"^[A-Za-z0-9._-]{8,64}$")  # a caller's own id, when it is plain
 
 
 class _JsonFormatter(logging.Formatter):
@@ -57,30 +53,3 @@ def configure(level: str, fmt: str) -> None:
         logger = logging.getLogger(name)
         logger.handlers[:] = []
         logger.propagate = True
-
-
-class RequestIds:
-    """Gives each HTTP request an id (the caller's plain ``X-Request-Id``, or a new one),
-    for its log lines and its answer's ``X-Request-Id`` header."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
-        request_id = given if _GIVEN.match(given) else "req_" + secrets.token_hex(8)
-        token = REQUEST_ID.set(request_id)
-
-        async def with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []),
-                                      (b"x-request-id", request_id.encode())]  # fmt: skip
-            await send(message)
-
-        try:
-            await self.app(scope, receive, with_id)
-        finally:
-            REQUEST_ID.reset(token)

@@ -20,18 +20,12 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runnerd.errors import RunnerdError
+from runnerd.errors import VaultError
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-__all__ = ["Vault", "VaultError", "new_key"]
-
-
-class VaultError(RunnerdError):
-    """The key is missing or wrong for a stored secret."""
-
-    reason, status = "VAULTERROR", 503  # the wire reason clients already know
+__all__ = ["Vault", "new_key"]
 
 
 def new_key() -> bytes:

@@ -18,15 +18,18 @@ import pytest
 
 from pg_cluster import PgCluster
 from runnerd.config import load_settings
+from runnerd.model import Bundle, Tool
 from runnerd.run.machine import Machine, build_machine
-from runnerd.run.pipeline import RunResult
 from runnerd.run.runtimes import find_node
 from runnerd.run.toolchain import Toolchain
-from runnerd.store import Store
-from runnerd.upload.bundle import Tool, load_bundle
+from runnerd.run.verdict import RunResult
+from runnerd.store import Store, VersionRecord
+from runnerd.upload.bundle import load_bundle
+from runnerd.upload.deploy import check_upload
 
 if TYPE_CHECKING:
     from daemon import Daemon
+    from inproc import InProcess
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "deal-desk"
@@ -93,18 +96,53 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(getattr(request, "param", "sqlite"))
 
 
+def _module_settings(request: pytest.FixtureRequest, backend: str) -> dict[str, str]:
+    """The module's ``DAEMON_SETTINGS`` (setting name -> value), and a new PostgreSQL
+    database when the backend is "postgresql"."""
+    settings = dict(getattr(request.module, "DAEMON_SETTINGS", {}))
+    if backend == "postgresql":
+        settings["database_url"] = request.getfixturevalue("pg").new_database()
+    return settings
+
+
 @pytest.fixture(scope="module")
 def daemon(request: pytest.FixtureRequest, toolchain_dir: Path, backend: str) -> Iterator[Daemon]:
     """A live ``runnerd serve`` for the module, with the module's ``DAEMON_SETTINGS``
     (setting name -> value) on top of the defaults; on PostgreSQL when the module's
-    ``BACKENDS`` ask for it."""
+    ``BACKENDS`` ask for it. For what runs tools, and the transport."""
     from daemon import running_daemon
 
-    settings = dict(getattr(request.module, "DAEMON_SETTINGS", {}))
-    if backend == "postgresql":
-        settings["database_url"] = request.getfixturevalue("pg").new_database()
-    with running_daemon(toolchain_dir, **settings) as d:
+    with running_daemon(toolchain_dir, **_module_settings(request, backend)) as d:
         yield d
+
+
+@pytest.fixture(scope="module")
+def app_daemon(
+    request: pytest.FixtureRequest, toolchain_dir: Path, backend: str
+) -> Iterator[InProcess]:
+    """The daemon's app in this process for the module (tests/inproc.py), with the
+    module's ``DAEMON_SETTINGS`` and ``BACKENDS`` as ``daemon`` has them: the same
+    helpers, no port, no jail (a test that runs a tool fails)."""
+    from inproc import in_process
+
+    with in_process(toolchain_dir, **_module_settings(request, backend)) as d:
+        yield d
+
+
+@pytest.fixture(autouse=True)
+def _no_jail_in_process(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test of the module's in-process app fails if it started nsjail (it runs a tool:
+    it belongs on the ``daemon`` fixture, marked ``jail``)."""
+    if "app_daemon" not in request.fixturenames:
+        yield
+        return
+    app: InProcess = request.getfixturevalue("app_daemon")
+    yield
+    if app.jail_started:
+        from inproc import JAIL_STARTED
+
+        app.forget_jail_start()  # the next test of the module starts clean
+        pytest.fail(JAIL_STARTED)
 
 
 # --- egress: the tests' own network, and a daemon that may reach it ----------------------------
@@ -267,6 +305,16 @@ def make_app(tmp_path: Path) -> Callable[..., AppDir]:
         return app
 
     return make
+
+
+def upload_version(
+    store: Store, files: Mapping[str, bytes], *, toolchain: Toolchain | None
+) -> tuple[VersionRecord, Bundle]:
+    """``files`` checked as a deploy checks them and stored as a new version, as the deploy
+    route does (without package environments); raises what check_upload and add_version
+    raise, and then the store is unchanged."""
+    bundle = check_upload(files, toolchain=toolchain, envs=None)
+    return store.add_version(bundle), bundle
 
 
 # --- the run machinery: one engine per test session, real nsjail ------------------------------

@@ -1,5 +1,6 @@
 """A real runnerd daemon for tests: `runnerd serve` in a subprocess on a free port, its own
-data dir, and helpers to add people and keys to it."""
+data dir, and helpers to add people and keys to it (``Runnerd``, which the in-process app
+of tests/inproc.py shares)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import httpx
 
 from conftest import RUNNERD
 from runnerd.store import Store
-from runnerd.upload.bundle import read_app_dir
+from runnerd.upload.walk import read_app_dir
 
 
 def envelope(response: httpx.Response, status: int, reason: str | None = None) -> dict[str, Any]:
@@ -56,33 +57,39 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class Daemon:
+class Runnerd:
+    """What a test holds of one runnerd: its data dir, the workspace and admin key it was
+    bootstrapped with, an HTTP client (``http``, and ``client()`` for more), and helpers
+    that add people and keys through its store and deploy, ship and run apps over its
+    API. A ``Daemon`` is one in a process of its own; ``inproc.InProcess`` is its app in
+    this process."""
+
     def __init__(
         self,
         data_dir: Path,
-        port: int,
-        proc: subprocess.Popen[bytes],
+        url: str,
         workspace_id: str,
         admin_key: str,
         env: dict[str, str],
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.data_dir = data_dir
-        self.port = port
-        self.proc = proc
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = url
         self.workspace_id = workspace_id
         self.admin_key = admin_key
-        self.env = env
-        self.http = httpx.Client(base_url=self.url, timeout=60)
+        self.env = env  # what a local ``runnerd`` command needs to use its data dir
+        self._transport = transport
+        self.http = self.client()
 
-    def client_env(self, key: str | None = None) -> dict[str, str]:
-        """The variables of a ``runnerd`` client command talking to this daemon."""
-        return {
-            **self.env,
-            "RUNNERD_URL": self.url,
-            "RUNNERD_API_KEY": key or self.admin_key,
-            "RUNNERD_WORKSPACE": self.workspace_id,
-        }
+    def client(self, **kw: Any) -> httpx.Client:
+        """A new HTTP client of this runnerd with cookies of its own (a second browser,
+        another caller); ``kw`` as httpx.Client takes them."""
+        return httpx.Client(base_url=self.url, timeout=60, transport=self._transport, **kw)
+
+    def fresh(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """One request from a new client of its own: no cookie of another request."""
+        with self.client() as client:
+            return client.request(method, path, **kw)
 
     def store(self) -> Store:
         url = self.env.get("RUNNERD_DATABASE_URL")
@@ -177,6 +184,53 @@ class Daemon:
         )
 
 
+class Daemon(Runnerd):
+    """A ``runnerd serve`` of the tests' own, in its process (``proc``) on a free port."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int,
+        proc: subprocess.Popen[bytes],
+        workspace_id: str,
+        admin_key: str,
+        env: dict[str, str],
+    ) -> None:
+        super().__init__(data_dir, f"http://127.0.0.1:{port}", workspace_id, admin_key, env)
+        self.port = port
+        self.proc = proc
+
+    def client_env(self, key: str | None = None) -> dict[str, str]:
+        """The variables of a ``runnerd`` client command talking to this daemon."""
+        return {
+            **self.env,
+            "RUNNERD_URL": self.url,
+            "RUNNERD_API_KEY": key or self.admin_key,
+            "RUNNERD_WORKSPACE": self.workspace_id,
+        }
+
+
+def new_data_dir() -> Path:
+    """A data dir under /tmp, not pytest's 0700 tmp folder: jails' uids must be able to
+    enter it (o+x). The caller removes it."""
+    data = Path(tempfile.mkdtemp(prefix="runnerd-daemon-", dir="/tmp"))
+    data.chmod(0o711)
+    return data
+
+
+def runnerd_env(data_dir: Path, toolchain_dir: Path, settings: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a runnerd on ``data_dir``: this process's, the tests' toolchain
+    and sandbox uids, and ``settings`` (setting name -> value) as RUNNERD_* variables."""
+    return {
+        **os.environ,
+        "RUNNERD_DATA_DIR": str(data_dir),
+        "RUNNERD_TOOLCHAIN_DIR": str(toolchain_dir),
+        "RUNNERD_SANDBOX_UID_BASE": "620000",
+        "RUNNERD_SANDBOX_UID_COUNT": "64",
+        **{f"RUNNERD_{k.upper()}": v for k, v in settings.items()},
+    }
+
+
 @contextmanager
 def running_daemon(
     toolchain_dir: Path,
@@ -188,17 +242,9 @@ def running_daemon(
     such as the egress lab's hosts file). ``join``: another node on the same database
     (the same database_url and secrets key), its workspace and admin key; nothing is
     bootstrapped."""
-    data = Path(tempfile.mkdtemp(prefix="runnerd-daemon-", dir="/tmp"))
-    data.chmod(0o711)
+    data = new_data_dir()
     port = free_port()
-    env = {
-        **os.environ,
-        "RUNNERD_DATA_DIR": str(data),
-        "RUNNERD_TOOLCHAIN_DIR": str(toolchain_dir),
-        "RUNNERD_SANDBOX_UID_BASE": "620000",
-        "RUNNERD_SANDBOX_UID_COUNT": "64",
-        **{f"RUNNERD_{k.upper()}": v for k, v in settings.items()},
-    }
+    env = runnerd_env(data, toolchain_dir, settings)
     if join is not None:
         env.update({k: v for k, v in join.env.items()
                     if k in ("RUNNERD_DATABASE_URL", "RUNNERD_SECRETS_KEY")})  # fmt: skip

@@ -57,6 +57,7 @@ def _verify(data: Path, *extra: str) -> tuple[int, dict[str, object], str]:
     return done.returncode, json.loads(done.stdout or "{}"), done.stderr
 
 
+@pytest.mark.smoke
 def test_an_intact_trail_verifies_and_prints_a_checkpoint(tmp_path: Path) -> None:
     _trail(tmp_path)
     code, found, _ = _verify(tmp_path)

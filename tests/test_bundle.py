@@ -9,13 +9,12 @@ from typing import Any
 
 import pytest
 
-from conftest import PY_SOURCE, TOOL_YAML, AppDir
+from conftest import PY_SOURCE, TOOL_YAML, AppDir, upload_version
 from runnerd.cli.main import main
 from runnerd.errors import BundleRejected
 from runnerd.run.toolchain import Toolchain
 from runnerd.store import Store
-from runnerd.upload.bundle import read_app_dir
-from runnerd.upload.deploy import upload_version
+from runnerd.upload.walk import read_app_dir
 
 MakeApp = Callable[..., AppDir]
 
@@ -512,6 +511,7 @@ def test_node_builtins_need_no_package(make_app: MakeApp, validate: Any) -> None
     accepted(validate(app))
 
 
+@pytest.mark.smoke
 def test_five_problems_in_five_files_are_all_reported(make_app: MakeApp, validate: Any) -> None:
     app = make_app()
     app.tool("a", yaml=tool_yaml("a", timeoutMs="50"))  # a.tool.yaml: timeout
@@ -555,6 +555,7 @@ def test_upload_with_a_problem_stores_nothing(
     assert _counts(store) == (0, 0, 0)
 
 
+@pytest.mark.smoke
 def test_good_upload_stores_an_immutable_version(
     make_app: MakeApp, store: Store, toolchain: Toolchain
 ) -> None:

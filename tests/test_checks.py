@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from runnerd.checks.pool import INLINE_WORK, Checker, CheckTimedOut, Validators
+from runnerd.checks.pool import Checker, CheckTimedOut, Validators
 from runnerd.checks.schemas import compile_schema, schema_cost
+from runnerd.limits import MAX_INLINE_CHECK_WORK
 
 # anyOf of two equal branches recursing into each item: 2**depth checks of a value that
 # fails at the bottom.
@@ -76,8 +77,8 @@ def test_small_bounded_checks_run_inline_and_the_rest_in_a_thread() -> None:
         return await checker.run(lambda: threading.current_thread().name, work=work)
 
     async def scenario() -> list[str]:
-        return [await where(10), await where(INLINE_WORK), await where(INLINE_WORK + 1),
-                await where(None)]  # fmt: skip
+        return [await where(10), await where(MAX_INLINE_CHECK_WORK),
+                await where(MAX_INLINE_CHECK_WORK + 1), await where(None)]  # fmt: skip
 
     assert asyncio.run(scenario()) == ["MainThread", "MainThread", "runnerd-check-0",
                                        "runnerd-check-0"]  # fmt: skip

@@ -23,6 +23,7 @@ def runnerd(
     return run_cli(*args, env=env, cwd=cwd, timeout=60)
 
 
+@pytest.mark.smoke
 def test_validate_example_prints_a_summary_of_the_tools(
     toolchain: Toolchain, tmp_path: Path
 ) -> None:
@@ -78,6 +79,7 @@ def test_bad_config_file_is_named(toolchain: Toolchain, tmp_path: Path) -> None:
     assert f"{config}: unknown setting(s) prot" in proc.stderr
 
 
+@pytest.mark.smoke
 @pytest.mark.jail
 def test_doctor_checks_the_machine_and_runs_a_tool(toolchain: Toolchain, tmp_path: Path) -> None:
     data = Path(tempfile.mkdtemp(prefix="runnerd-doctor-", dir="/tmp"))

@@ -21,6 +21,7 @@ def cli(
     return run_cli(*args, env=d.client_env(key), cwd=cwd)
 
 
+@pytest.mark.smoke
 def test_the_example_from_deploy_to_run(daemon: Daemon) -> None:
     deployed = cli(daemon, "app", "deploy", str(EXAMPLE))
     assert deployed.returncode == 0, deployed.stderr

@@ -18,13 +18,13 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from test_governance import gov_app
 
 from conftest import RUNNERD, run_cli, write_app
 from daemon import Daemon, envelope, free_port, running_daemon
 from pg_cluster import PgCluster
 from runnerd.store import MIGRATIONS
 from runnerd.store.db import WRITE_LOCK
+from test_governance import gov_app
 
 pytestmark = pytest.mark.jail
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from runnerd.config import ConfigError, load_settings
+from runnerd.config import load_settings
+from runnerd.errors import ConfigError
 
 
 def test_layers_override_in_order(tmp_path: Path) -> None:

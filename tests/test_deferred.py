@@ -1,4 +1,5 @@
-"""Work after an answer (runnerd/after_answer.py): the next warm jail's start waits until
+"""Work after an answer (runnerd/after_answer.py, AnswerFirst in
+runnerd/daemon/middleware.py): the next warm jail's start waits until
 the answer that made room for it has been sent."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from runnerd.after_answer import AnswerFirst, after_answer
+from runnerd.after_answer import after_answer
+from runnerd.daemon.middleware import AnswerFirst
 
 
 def _scope() -> dict[str, Any]:

@@ -13,9 +13,10 @@ import pytest
 
 from conftest import AppDir, run_cli, write_app
 from daemon import Daemon, envelope
-from runnerd.config import ConfigError, load_settings
-from runnerd.egress import EgressError, covers, parse
-from runnerd.run.proxy import address_refusal, parse_networks
+from runnerd.config import load_settings
+from runnerd.egress import EgressError, covers, parse, parse_networks
+from runnerd.errors import ConfigError
+from runnerd.run.addresses import address_refusal
 
 PY = "def run(i):\n    return {}\n"
 
@@ -141,6 +142,7 @@ def test_egress_settings_from_the_config_file_and_the_environment(tmp_path: Path
     assert load_settings(env=env).egress_allow_networks == ("198.18.0.0/24", "10.20.0.0/16")
 
 
+@pytest.mark.smoke
 def test_upload_refuses_bad_and_repeated_entries_with_their_line(tmp_path: Path) -> None:
     root = egress_app(
         tmp_path / "app", "calls", ["api.stripe.com", "ftp://x", "API.stripe.com"], "1"

@@ -30,9 +30,9 @@ from egress_lab import (
     history,
     run_ok,
 )
-from runnerd.egress import Destination, parse
+from runnerd.egress import Destination, parse, parse_networks
+from runnerd.run.addresses import address_refusal
 from runnerd.run.authority import AuthorityRefused, check_request, forward_body
-from runnerd.run.proxy import address_refusal, parse_networks
 
 # --- class 1: addresses that carry an IPv4 address -------------------------------------------
 

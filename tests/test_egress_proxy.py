@@ -33,7 +33,8 @@ from egress_lab import (
     run_ok,
 )
 from runnerd.egress import parse
-from runnerd.run.proxy import MAX_DESTINATION_CHARS, MAX_FIGURES, EgressPass
+from runnerd.limits import MAX_DESTINATION_CHARS, MAX_EGRESS_FIGURES
+from runnerd.run.proxy import EgressPass
 
 pytestmark = pytest.mark.jail
 
@@ -247,10 +248,10 @@ def test_a_secret_spelled_into_destination_names_is_scrubbed_everywhere(
 def test_a_runs_destination_names_are_bounded_in_size_and_number() -> None:
     granted = EgressPass(token="t", grant=(parse("*.example.com:443"),))
     granted.use("x" * 5000 + "\x1b[31m.example.com:443").connections += 1
-    for n in range(3 * MAX_FIGURES):
+    for n in range(3 * MAX_EGRESS_FIGURES):
         granted.use(f"n{n}.example.com:443").refused = "not granted"
     figures = granted.figures()
-    assert len(figures) == MAX_FIGURES + 1 and figures[-1]["destination"] == "other"
+    assert len(figures) == MAX_EGRESS_FIGURES + 1 and figures[-1]["destination"] == "other"
     assert all(len(f["destination"]) <= MAX_DESTINATION_CHARS for f in figures)
     assert all(f["destination"].isprintable() and "\x1b" not in f["destination"] for f in figures)
 

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLE, engine_env, make_tool, run_cli
+from conftest import EXAMPLE, engine_env, make_tool, run_cli, upload_version
+from runnerd.errors import EnvBuildFailed
 from runnerd.run.machine import Machine
-from runnerd.run.package_envs import EnvBuildFailed
 from runnerd.store import Store
-from runnerd.upload.bundle import read_app_dir
-from runnerd.upload.deploy import upload_version
+from runnerd.upload.walk import read_app_dir
 
 pytestmark = [pytest.mark.jail, pytest.mark.network]
 
@@ -89,6 +88,7 @@ def test_envs_list_and_prune_through_the_cli(engine: Machine, tmp_path: Path) ->
     store = Store.in_data_dir(data)
     upload_version(store, read_app_dir(app), toolchain=engine.toolchain)
     store.close()
+    engine.envs.ensure_sync("python", ("six==1.16.0",))  # as the deploy route builds it
     engine.envs.ensure_sync("python", ("attrs==24.2.0",))  # used by no stored version
     env = {**engine_env(engine), "RUNNERD_DATA_DIR": str(data)}
     listed = json.loads(

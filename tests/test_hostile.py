@@ -21,9 +21,9 @@ import pytest
 from conftest import engine_env, make_tool, run_cli, run_tool, tool_doc
 from daemon import Daemon, HealthProbe
 from egress_lab import HTTP_PORT, EgressLab, run_ok
-from runnerd.run.jail import REPLY_GRACE_S, STOP_GRACE_S
+from runnerd.limits import REPLY_GRACE_S, STOP_GRACE_S
 from runnerd.run.machine import Machine
-from runnerd.run.pipeline import RunResult
+from runnerd.run.verdict import RunResult
 
 ORDINARY = "def run(i):\n    return {'ok': True}\n"
 
@@ -210,6 +210,7 @@ def run(i):
 # --- network ----------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_connect_to_the_daemon_port_on_localhost(engine: Machine) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -16,18 +17,11 @@ import pytest
 
 from conftest import make_tool
 from runnerd.config import load_settings
-from runnerd.run.jail import (
-    LEFTOVER_WAIT_S,
-    REPLY_GRACE_S,
-    STOP_GRACE_S,
-    JailEnd,
-    Job,
-    Sandbox,
-    SandboxUnavailable,
-    UidPool,
-    kill_leftovers,
-)
+from runnerd.errors import SandboxUnavailable
+from runnerd.limits import LEFTOVER_WAIT_S, REPLY_GRACE_S, STOP_GRACE_S
+from runnerd.run.jail import JailEnd, Job, Sandbox, UidPool
 from runnerd.run.machine import Machine
+from runnerd.run.spawn import kill_leftovers
 
 
 def test_two_pools_over_one_host_folder_never_hand_out_the_same_uid(tmp_path: Path) -> None:
@@ -162,3 +156,82 @@ def _pids_of(uid: int) -> list[str]:
         if not dead and any(x.startswith("Uid:") and int(x.split()[1]) == uid for x in lines):
             found.append(status.parent.name)
     return found
+
+
+def _jail_starts() -> float:
+    from runnerd.metrics import METRICS
+
+    return sum(
+        sample.value
+        for metric in METRICS.jail_start_seconds.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_count")
+    )
+
+
+@pytest.mark.jail
+def test_more_kinds_than_the_pool_keeps_do_not_restart_jails_forever(engine: Machine) -> None:
+    """A kind evicted from the warm pool (more than WARM_MAX_KINDS in use) stays out: its
+    jails' ends do not bring it back, evicting another, whose ends bring that back…"""
+    from runnerd.limits import WARM_MAX_KINDS
+    from runnerd.run.jail import JailKind
+
+    pooled = Sandbox(
+        nsjail=engine.sandbox.nsjail,
+        runtimes=engine.runtimes,
+        cgroups=engine.cgroups,
+        uids=engine.sandbox.uids,
+        limits=engine.sandbox.limits,
+        warm=1,
+    )
+    # Package env folders the jails' uids can enter (pytest's tmp folders are 0700).
+    base = Path(tempfile.mkdtemp(prefix="kinds-", dir=engine.settings.data_dir))
+    base.chmod(0o755)
+    envs = [base / f"env{n}" for n in range(WARM_MAX_KINDS + 2)]
+    for env in envs:
+        env.mkdir(mode=0o755)
+
+    async def scenario() -> float:
+        try:
+            for env in envs:
+                pooled.warm_pool.refill(JailKind("python", env))
+                await asyncio.sleep(0.05)
+            await pooled.warm_pool.wait_warm(15)
+            await asyncio.sleep(1)
+            before = _jail_starts()
+            await asyncio.sleep(2)
+            return _jail_starts() - before
+        finally:
+            await pooled.close()
+
+    assert asyncio.run(scenario()) == 0
+
+
+@pytest.mark.jail
+def test_a_kind_whose_jails_die_at_start_is_not_restarted_in_a_loop(engine: Machine) -> None:
+    """A package env inside a folder the jails' uids cannot enter (0700): each waiting jail
+    dies at once, and the pool leaves the kind be until it is called again."""
+    from runnerd.run.jail import JailKind
+
+    pooled = Sandbox(
+        nsjail=engine.sandbox.nsjail,
+        runtimes=engine.runtimes,
+        cgroups=engine.cgroups,
+        uids=engine.sandbox.uids,
+        limits=engine.sandbox.limits,
+        warm=1,
+    )
+    broken = Path(tempfile.mkdtemp(prefix="closed-", dir=engine.settings.data_dir)) / "env"
+    broken.mkdir(mode=0o755)
+
+    async def scenario() -> float:
+        try:
+            pooled.warm_pool.refill(JailKind("python", broken))
+            await asyncio.sleep(1)
+            before = _jail_starts()
+            await asyncio.sleep(2)
+            return _jail_starts() - before
+        finally:
+            await pooled.close()
+
+    assert asyncio.run(scenario()) == 0

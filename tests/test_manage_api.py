@@ -1,11 +1,11 @@
-"""The API behind the Manage page, over HTTP against a live daemon: sessions (a personal
-key or a one-time link, a signed cookie, CSRF on every change), people and keys, the
-audit verdict, the ledger as CSV, usage per day, a tool's detail and the input check."""
+"""The API behind the Manage page, through the daemon's app in this process
+(tests/inproc.py): sessions (a personal key or a one-time link, a signed cookie, CSRF on
+every change), people and keys, a tool's detail and the input check, the security
+headers. What runs tools (a session's run, the audit verdict, the ledger as CSV, usage
+per day) is in test_manage_api_daemon.py, on a real daemon."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from conftest import run_cli
-from daemon import Daemon, envelope
+from daemon import Runnerd, envelope
+from inproc import InProcess
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "deal-desk"
 GOOD = {
@@ -25,20 +26,19 @@ GOOD = {
     "tier": "enterprise",
 }
 
-pytestmark = pytest.mark.jail
-# The tests on the module's daemon run on both stores.
+# The tests on the module's app run on both stores.
 BACKENDS = ("sqlite", "postgresql")
 
 
 @pytest.fixture(scope="module")
-def install(daemon: Daemon) -> str:
-    return str(daemon.ship(EXAMPLE)["installId"])
+def install(app_daemon: InProcess) -> str:
+    return str(app_daemon.ship(EXAMPLE)["installId"])
 
 
 @pytest.fixture
-def browser_like(daemon: Daemon) -> Iterator[httpx.Client]:
+def browser_like(app_daemon: InProcess) -> Iterator[httpx.Client]:
     """A client that keeps cookies, as a browser does."""
-    with httpx.Client(base_url=daemon.url, timeout=60) as client:
+    with app_daemon.client() as client:
         yield client
 
 
@@ -49,10 +49,11 @@ def _sign_in(client: httpx.Client, **body: str) -> dict[str, object]:
     return found
 
 
+@pytest.mark.smoke
 def test_a_personal_key_signs_in_with_a_signed_strict_http_only_cookie(
-    daemon: Daemon, browser_like: httpx.Client
+    app_daemon: InProcess, browser_like: httpx.Client
 ) -> None:
-    response = browser_like.post("/api/v2/session", json={"apiKey": daemon.admin_key})
+    response = browser_like.post("/api/v2/session", json={"apiKey": app_daemon.admin_key})
     assert response.status_code == 200, response.text
     cookie = response.headers["set-cookie"]
     assert cookie.startswith("runnerd_session=")
@@ -66,7 +67,7 @@ def test_a_personal_key_signs_in_with_a_signed_strict_http_only_cookie(
 
     # The cookie's value is signed: a changed one is no session at all.
     value = browser_like.cookies["runnerd_session"]
-    forged = httpx.Client(base_url=daemon.url, cookies={"runnerd_session": value[:-2] + "xx"})
+    forged = app_daemon.client(cookies={"runnerd_session": value[:-2] + "xx"})
     envelope(forged.get("/api/v2/session"), 401)
 
     # Sign-out needs the CSRF token too, then the session is gone.
@@ -75,17 +76,17 @@ def test_a_personal_key_signs_in_with_a_signed_strict_http_only_cookie(
         "/api/v2/session", headers={"X-CSRF-Token": str(info["csrfToken"])}
     )
     assert signed_out.status_code == 200
-    stale = httpx.Client(base_url=daemon.url, cookies={"runnerd_session": value})
+    stale = app_daemon.client(cookies={"runnerd_session": value})
     envelope(stale.get("/api/v2/session"), 401)
 
 
 def test_workspace_keys_tokens_and_bad_keys_cannot_sign_in(
-    daemon: Daemon, browser_like: httpx.Client
+    app_daemon: InProcess, browser_like: httpx.Client
 ) -> None:
-    workspace_key = daemon.key(kind="workspace", workspace_id=daemon.workspace_id)
+    workspace_key = app_daemon.key(kind="workspace", workspace_id=app_daemon.workspace_id)
     refused = browser_like.post("/api/v2/session", json={"apiKey": workspace_key})
     envelope(refused, 403, "WORKSPACE_KEY_NOT_ALLOWED")
-    store = daemon.store()
+    store = app_daemon.store()
     try:
         user = store.ensure_user("ada@example.com")
         _, token = store.create_key(kind="token", user_id=user.id, scopes=("api:read",))
@@ -98,201 +99,124 @@ def test_workspace_keys_tokens_and_bad_keys_cannot_sign_in(
     assert "set-cookie" not in refused.headers
 
 
-def test_a_login_link_signs_in_once_and_expires(daemon: Daemon, browser_like: httpx.Client) -> None:
+def test_a_login_link_signs_in_once_and_expires(
+    app_daemon: InProcess, browser_like: httpx.Client
+) -> None:
     printed = run_cli(
         "admin",
         "login-link",
         "--email",
         "ada@example.com",
         "--url",
-        daemon.url,
+        app_daemon.url,
         "--json",
-        env=daemon.env,
+        env=app_daemon.env,
     )
     assert printed.returncode == 0, printed.stderr
     link = json.loads(printed.stdout)
     assert link["expiresInSeconds"] == 600
-    assert link["url"].startswith(f"{daemon.url}/login#token=")
+    assert link["url"].startswith(f"{app_daemon.url}/login#token=")
     token = link["url"].split("#token=", 1)[1]
     assert _sign_in(browser_like, loginToken=token)["email"] == "ada@example.com"
-    again = httpx.Client(base_url=daemon.url).post("/api/v2/session", json={"loginToken": token})
+    again = app_daemon.fresh("POST", "/api/v2/session", json={"loginToken": token})
     assert "used already or has expired" in envelope(again, 401)["message"]
 
-    store = daemon.store()
+    store = app_daemon.store()
     try:
         user = store.ensure_user("ada@example.com")
         expired = store.create_login_link(user.id, ttl_s=-1)
     finally:
         store.close()
-    envelope(
-        httpx.Client(base_url=daemon.url).post("/api/v2/session", json={"loginToken": expired}), 401
-    )
-    unknown = run_cli("admin", "login-link", "--email", "nobody@example.com", env=daemon.env)
+    envelope(app_daemon.fresh("POST", "/api/v2/session", json={"loginToken": expired}), 401)
+    unknown = run_cli("admin", "login-link", "--email", "nobody@example.com", env=app_daemon.env)
     assert unknown.returncode == 1 and "no person" in unknown.stderr
 
 
-def test_a_session_acts_under_the_api_rules_and_every_change_needs_the_csrf_token(
-    daemon: Daemon, install: str, browser_like: httpx.Client
-) -> None:
-    viewer_key = daemon.person("vera@example.com", role="viewer")
-    info = _sign_in(browser_like, apiKey=viewer_key)
-    csrf = {"X-CSRF-Token": str(info["csrfToken"])}
-    run_path = f"/api/v2/apps/installs/{install}/tools/score_offer/run"
-    # A viewer may read, not run, exactly as with the key.
-    assert browser_like.get(f"/api/v2/apps/installs/{install}/runs").status_code == 200
-    envelope(
-        browser_like.post(run_path, json={"input": GOOD}, headers=csrf),
-        403,
-        "INSUFFICIENT_WORKSPACE_ROLE",
-    )
-
-    member = httpx.Client(base_url=daemon.url, timeout=60)
-    member_info = _sign_in(member, apiKey=daemon.person("max@example.com", role="member"))
-    # No token: refused before anything happens, and no run is recorded.
-    before = len(
-        daemon.call("GET", f"/api/v2/apps/installs/{install}/runs", daemon.admin_key).json()["data"]
-    )
-    envelope(member.post(run_path, json={"input": GOOD}), 403, "CSRF_TOKEN_INVALID")
-    envelope(
-        member.post(run_path, json={"input": GOOD}, headers={"X-CSRF-Token": "guess"}),
-        403,
-        "CSRF_TOKEN_INVALID",
-    )
-    # Two tokens, the right one among them: no one token, refused either way round.
-    right = str(member_info["csrfToken"])
-    for pair in ([right, "guess"], ["guess", right]):
-        twice = [("X-CSRF-Token", token) for token in pair]
-        envelope(member.post(run_path, json={"input": GOOD}, headers=twice), 403,
-                 "CSRF_TOKEN_INVALID")  # fmt: skip
-    after = len(
-        daemon.call("GET", f"/api/v2/apps/installs/{install}/runs", daemon.admin_key).json()["data"]
-    )
-    assert after == before
-    ran = member.post(
-        run_path,
-        json={"input": GOOD, "surface": "app"},
-        headers={"X-CSRF-Token": str(member_info["csrfToken"])},
-    )
-    assert ran.status_code == 200 and ran.json()["output"]["decision"] == "approve"
-    run = daemon.call("GET", f"/api/v2/runs/{ran.json()['runId']}", daemon.admin_key).json()["run"]
-    assert run["surface"] == "app" and run["userEmail"] == "max@example.com"
-
-
 def test_the_input_check_refuses_with_the_pointer_and_runs_nothing(
-    daemon: Daemon, install: str
+    app_daemon: InProcess, install: str
 ) -> None:
     path = f"/api/v2/apps/installs/{install}/tools/score_offer/check"
-    assert daemon.call("POST", path, daemon.admin_key, json={"input": GOOD}).json() == {
+    assert app_daemon.call("POST", path, app_daemon.admin_key, json={"input": GOOD}).json() == {
         "valid": True
     }
-    bad = daemon.call("POST", path, daemon.admin_key, json={"input": {**GOOD, "discountPct": 150}})
+    bad = app_daemon.call(
+        "POST", path, app_daemon.admin_key, json={"input": {**GOOD, "discountPct": 150}}
+    )
     assert envelope(bad, 400, "INVALID_INPUT")["details"]["pointer"] == "/discountPct"
-    viewer = daemon.person("vic@example.com", role="viewer")
-    envelope(daemon.call("POST", path, viewer, json={"input": GOOD}), 403)
+    viewer = app_daemon.person("vic@example.com", role="viewer")
+    envelope(app_daemon.call("POST", path, viewer, json={"input": GOOD}), 403)
 
 
-def test_a_tools_detail_shows_packages_and_the_grant(daemon: Daemon, install: str) -> None:
-    found = daemon.call(
-        "GET", f"/api/v2/apps/installs/{install}/tools/score_offer", daemon.admin_key
+def test_a_tools_detail_shows_packages_and_the_grant(app_daemon: InProcess, install: str) -> None:
+    found = app_daemon.call(
+        "GET", f"/api/v2/apps/installs/{install}/tools/score_offer", app_daemon.admin_key
     ).json()
     assert found["tool"]["reference"] == "deal-desk/score_offer"
     assert found["packages"] == [] and found["egress"] == []
     assert "source" not in json.dumps(found)
-    missing = daemon.call("GET", f"/api/v2/apps/installs/{install}/tools/nope", daemon.admin_key)
+    missing = app_daemon.call(
+        "GET", f"/api/v2/apps/installs/{install}/tools/nope", app_daemon.admin_key
+    )
     assert missing.status_code == 404
 
 
-def test_people_and_keys(daemon: Daemon) -> None:
-    base = f"/api/v2/workspaces/{daemon.workspace_id}"
-    added = daemon.call(
+def test_people_and_keys(app_daemon: InProcess) -> None:
+    base = f"/api/v2/workspaces/{app_daemon.workspace_id}"
+    added = app_daemon.call(
         "PUT",
         f"{base}/members",
-        daemon.admin_key,
+        app_daemon.admin_key,
         json={"email": "new@example.com", "role": "builder", "appsAccess": True},
     )
     assert added.status_code == 200 and added.json()["role"] == "builder"
-    members = daemon.call("GET", f"{base}/members", daemon.admin_key).json()["data"]
+    members = app_daemon.call("GET", f"{base}/members", app_daemon.admin_key).json()["data"]
     assert {"new@example.com", "ada@example.com"} <= {m["email"] for m in members}
 
-    made = daemon.call(
+    made = app_daemon.call(
         "POST",
         f"{base}/keys",
-        daemon.admin_key,
+        app_daemon.admin_key,
         json={"kind": "personal", "name": "laptop", "email": "new@example.com"},
     )
     assert made.status_code == 201, made.text
     plaintext, key_id = made.json()["apiKey"], made.json()["key"]["keyId"]
     assert (
-        daemon.call(
-            "GET", "/api/v2/apps", plaintext, params={"workspaceId": daemon.workspace_id}
+        app_daemon.call(
+            "GET", "/api/v2/apps", plaintext, params={"workspaceId": app_daemon.workspace_id}
         ).status_code
         == 200
     )
-    listed = daemon.call("GET", f"{base}/keys", daemon.admin_key).text
+    listed = app_daemon.call("GET", f"{base}/keys", app_daemon.admin_key).text
     assert key_id in listed and plaintext not in listed
-    outsider = daemon.call(
+    outsider = app_daemon.call(
         "POST",
         f"{base}/keys",
-        daemon.admin_key,
+        app_daemon.admin_key,
         json={"kind": "personal", "email": "stranger@example.com"},
     )
     envelope(outsider, 400, "NOT_A_MEMBER")
-    builder = daemon.person("bob@example.com", role="builder")
-    envelope(daemon.call("GET", f"{base}/members", builder), 403, "INSUFFICIENT_WORKSPACE_ROLE")
-    assert daemon.call("DELETE", f"{base}/keys/{key_id}", daemon.admin_key).json()["revoked"]
+    builder = app_daemon.person("bob@example.com", role="builder")
+    envelope(app_daemon.call("GET", f"{base}/members", builder), 403, "INSUFFICIENT_WORKSPACE_ROLE")
+    assert app_daemon.call("DELETE", f"{base}/keys/{key_id}", app_daemon.admin_key).json()[
+        "revoked"
+    ]
     envelope(
-        daemon.call("GET", "/api/v2/apps", plaintext, params={"workspaceId": daemon.workspace_id}),
+        app_daemon.call(
+            "GET", "/api/v2/apps", plaintext, params={"workspaceId": app_daemon.workspace_id}
+        ),
         401,
     )
 
 
-def test_audit_verdict_ledger_csv_and_usage(daemon: Daemon, install: str) -> None:
-    daemon.run(install, "score_offer", GOOD)
-    verdict = daemon.call(
-        "POST",
-        "/api/v2/audit/verify",
-        daemon.admin_key,
-        params={"workspaceId": daemon.workspace_id},
-    ).json()
-    assert verdict["ok"] is True and verdict["entries"] > 5 and verdict["firstBreak"] is None
-
-    month = daemon.call("GET", f"/api/v2/apps/installs/{install}/budget", daemon.admin_key).json()[
-        "month"
-    ]
-    exported = daemon.call(
-        "GET",
-        "/api/v2/ledger",
-        daemon.admin_key,
-        params={"workspaceId": daemon.workspace_id, "month": month, "format": "csv"},
-    )
-    assert exported.headers["content-type"].startswith("text/csv")
-    assert "attachment" in exported.headers["content-disposition"]
-    rows = list(csv.DictReader(io.StringIO(exported.text)))
-    assert rows and rows[0]["tool"] in {"score_offer", "route_ticket"} and "sandboxMs" in rows[0]
-
-    usage = daemon.call("GET", f"/api/v2/apps/installs/{install}/usage", daemon.admin_key).json()[
-        "data"
-    ]
-    assert usage and usage[-1]["succeeded"] >= 1 and usage[-1]["sandboxMs"] > 0
-    chart = httpx.get(
-        f"{daemon.url}/manage/installs/{install}/usage.svg", headers={"X-API-Key": daemon.admin_key}
-    )
-    assert chart.headers["content-type"] == "image/svg+xml"
-    assert (
-        chart.text.startswith("<svg") and "succeeded" in chart.text and "<script" not in chart.text
-    )
-    assert httpx.get(f"{daemon.url}/manage/installs/{install}/usage.svg").status_code == 401
-
-
-def test_every_answer_carries_the_security_headers(daemon: Daemon) -> None:
+def test_every_answer_carries_the_security_headers(app_daemon: InProcess) -> None:
     for path in ("/", "/static/app.js", "/api/v2/apps/tools?workspaceId=x", "/healthz"):
-        headers = httpx.get(f"{daemon.url}{path}").headers
+        headers = app_daemon.fresh("GET", path).headers
         csp = headers["content-security-policy"]
         assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
         assert "unsafe-inline" not in csp
         assert headers["x-content-type-options"] == "nosniff"
         assert headers["referrer-policy"] == "no-referrer"
-    page = httpx.get(f"{daemon.url}/").text
+    page = app_daemon.fresh("GET", "/").text
     assert '<script type="module" src="/static/app.js"></script>' in page
     assert "<script>" not in page and "style=" not in page
 
@@ -300,7 +224,7 @@ def test_every_answer_carries_the_security_headers(daemon: Daemon) -> None:
 # --- a session lives no longer than its key, and has no more rights than its person ---------
 
 
-def _key_id(daemon: Daemon, plaintext: str) -> str:
+def _key_id(daemon: Runnerd, plaintext: str) -> str:
     listed = daemon.call(
         "GET", f"/api/v2/workspaces/{daemon.workspace_id}/keys", daemon.admin_key
     ).json()["data"]
@@ -308,7 +232,7 @@ def _key_id(daemon: Daemon, plaintext: str) -> str:
     return str(found)
 
 
-def _user_id(daemon: Daemon, email: str) -> str:
+def _user_id(daemon: Runnerd, email: str) -> str:
     members = daemon.call(
         "GET", f"/api/v2/workspaces/{daemon.workspace_id}/members", daemon.admin_key
     ).json()["data"]
@@ -316,31 +240,31 @@ def _user_id(daemon: Daemon, email: str) -> str:
 
 
 def test_a_session_dies_with_the_key_it_signed_in_with(
-    daemon: Daemon, browser_like: httpx.Client
+    app_daemon: InProcess, browser_like: httpx.Client
 ) -> None:
     """An admin's session made with personal key K: once another admin revokes K, the
     session's next read and its next change (CSRF token and all) are 401, and the
     audit says which sessions ended. A session of the same person from a sign-in link,
     and one from another key of theirs, live on."""
-    base = f"/api/v2/workspaces/{daemon.workspace_id}"
-    key = daemon.person("grace@example.com", role="admin")
-    other_key = daemon.person("grace@example.com", role="admin")
+    base = f"/api/v2/workspaces/{app_daemon.workspace_id}"
+    key = app_daemon.person("grace@example.com", role="admin")
+    other_key = app_daemon.person("grace@example.com", role="admin")
     info = _sign_in(browser_like, apiKey=key)
     csrf = {"X-CSRF-Token": str(info["csrfToken"])}
     assert browser_like.get(f"{base}/members").status_code == 200
-    elsewhere = httpx.Client(base_url=daemon.url, timeout=60)
+    elsewhere = app_daemon.client()
     _sign_in(elsewhere, apiKey=other_key)
-    store = daemon.store()
+    store = app_daemon.store()
     try:
         user = store.ensure_user("grace@example.com")
         token = store.create_login_link(user.id, ttl_s=60)
     finally:
         store.close()
-    by_link = httpx.Client(base_url=daemon.url, timeout=60)
+    by_link = app_daemon.client()
     _sign_in(by_link, loginToken=token)
 
-    key_id = _key_id(daemon, key)
-    revoked = daemon.call("DELETE", f"{base}/keys/{key_id}", daemon.admin_key)
+    key_id = _key_id(app_daemon, key)
+    revoked = app_daemon.call("DELETE", f"{base}/keys/{key_id}", app_daemon.admin_key)
     assert revoked.status_code == 200, revoked.text
     envelope(browser_like.get("/api/v2/session"), 401)
     envelope(browser_like.get(f"{base}/members"), 401)
@@ -348,35 +272,35 @@ def test_a_session_dies_with_the_key_it_signed_in_with(
         f"{base}/members", json={"email": "sneak@example.com", "role": "admin"}, headers=csrf
     )
     envelope(made, 401)
-    members = daemon.call("GET", f"{base}/members", daemon.admin_key).json()["data"]
+    members = app_daemon.call("GET", f"{base}/members", app_daemon.admin_key).json()["data"]
     assert "sneak@example.com" not in {m["email"] for m in members}
     assert elsewhere.get(f"{base}/members").status_code == 200
     assert by_link.get(f"{base}/members").status_code == 200
-    entries = daemon.call(
+    entries = app_daemon.call(
         "GET",
         "/api/v2/audit",
-        daemon.admin_key,
-        params={"workspaceId": daemon.workspace_id, "action": "key.revoke", "limit": 1000},
+        app_daemon.admin_key,
+        params={"workspaceId": app_daemon.workspace_id, "action": "key.revoke", "limit": 1000},
     ).json()["data"]
     [entry] = [e for e in entries if e["detail"]["keyId"] == key_id]
     assert len(entry["detail"]["sessionsEnded"]) == 1
-    assert entry["actorUserId"] == _user_id(daemon, "ada@example.com")
+    assert entry["actorUserId"] == _user_id(app_daemon, "ada@example.com")
 
 
 def test_a_session_loses_rights_at_once_when_the_role_drops_or_the_person_leaves(
-    daemon: Daemon, install: str, browser_like: httpx.Client
+    app_daemon: InProcess, install: str, browser_like: httpx.Client
 ) -> None:
-    base = f"/api/v2/workspaces/{daemon.workspace_id}"
-    info = _sign_in(browser_like, apiKey=daemon.person("hedy@example.com", role="admin"))
+    base = f"/api/v2/workspaces/{app_daemon.workspace_id}"
+    info = _sign_in(browser_like, apiKey=app_daemon.person("hedy@example.com", role="admin"))
     csrf = {"X-CSRF-Token": str(info["csrfToken"])}
-    user_id = _user_id(daemon, "hedy@example.com")
+    user_id = _user_id(app_daemon, "hedy@example.com")
     assert browser_like.get(f"{base}/members").status_code == 200
 
     for role in ("member", "viewer"):
-        dropped = daemon.call(
+        dropped = app_daemon.call(
             "PUT",
             f"{base}/members",
-            daemon.admin_key,
+            app_daemon.admin_key,
             json={"email": "hedy@example.com", "role": role},
         )
         assert dropped.status_code == 200, dropped.text
@@ -391,10 +315,10 @@ def test_a_session_loses_rights_at_once_when_the_role_drops_or_the_person_leaves
         assert browser_like.get("/api/v2/session").json()["workspaces"][0]["role"] == role
     assert browser_like.get(f"/api/v2/apps/installs/{install}/runs").status_code == 200
 
-    envelope(daemon.call("DELETE", f"{base}/members/usr_nobody", daemon.admin_key), 404)
-    removed = daemon.call("DELETE", f"{base}/members/{user_id}", daemon.admin_key)
+    envelope(app_daemon.call("DELETE", f"{base}/members/usr_nobody", app_daemon.admin_key), 404)
+    removed = app_daemon.call("DELETE", f"{base}/members/{user_id}", app_daemon.admin_key)
     assert removed.status_code == 200, removed.text
     assert "hedy@example.com" not in {m["email"] for m in removed.json()["data"]}
     assert browser_like.get("/api/v2/session").json()["workspaces"] == []
     envelope(browser_like.get(f"/api/v2/apps/installs/{install}/runs"), 404)
-    envelope(browser_like.get("/api/v2/apps", params={"workspaceId": daemon.workspace_id}), 403)
+    envelope(browser_like.get("/api/v2/apps", params={"workspaceId": app_daemon.workspace_id}), 403)

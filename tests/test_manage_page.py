@@ -134,6 +134,7 @@ def _tool_page(page: Page, install: str, tool: str = "score_offer") -> None:
     page.tab.wait_for_selector("h2:has-text('Last runs')")
 
 
+@pytest.mark.smoke
 def test_sign_in_with_a_key_then_sign_out(
     tab: Callable[..., Page], daemon: Daemon, install: str
 ) -> None:
@@ -182,6 +183,7 @@ def test_sign_in_with_a_one_time_link(
     again.tab.wait_for_selector("text=used already or has expired")
 
 
+@pytest.mark.smoke
 def test_find_copy_and_test_run_score_offer(
     tab: Callable[..., Page], daemon: Daemon, install: str
 ) -> None:

@@ -101,6 +101,7 @@ def test_the_mcp_sdk_loads_at_the_first_mcp_request(toolchain_dir: Path) -> None
         assert "pydantic_core" in maps.read_text()
 
 
+@pytest.mark.smoke
 def test_list_tools_names_annotations_and_schemas(daemon: Daemon, installs: dict[str, str]) -> None:
     async def work() -> Any:
         async with _client(daemon) as client:
@@ -123,6 +124,7 @@ def test_list_tools_names_annotations_and_schemas(daemon: Daemon, installs: dict
     assert "runnerd.approval" in tools
 
 
+@pytest.mark.smoke
 def test_call_returns_structured_content_and_is_audited_as_chat(
     daemon: Daemon, installs: dict[str, str]
 ) -> None:

@@ -112,6 +112,7 @@ def _serve(data_dir: Path, toolchain_dir: Path) -> tuple[subprocess.Popen[bytes]
     raise RuntimeError("the restored daemon did not start")
 
 
+@pytest.mark.smoke
 def test_backup_under_load_restores_into_a_new_data_dir_that_serves(
     daemon: Daemon, toolchain_dir: Path, tmp_path: Path
 ) -> None:

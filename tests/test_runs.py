@@ -18,9 +18,11 @@ from typing import Any
 import pytest
 
 from conftest import make_tool, run_tool
-from runnerd.run.jail import spawn
+from runnerd.errors import InputRejected
 from runnerd.run.machine import Machine
-from runnerd.run.pipeline import InputRejected, RunResult, metered_ms
+from runnerd.run.pipeline import metered_ms
+from runnerd.run.spawn import spawn
+from runnerd.run.verdict import RunResult
 
 pytestmark = pytest.mark.jail
 
@@ -54,6 +56,7 @@ KINDS = [
 ]
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize(("ext", "source"), KINDS)
 def test_every_language_and_module_kind_succeeds(engine: Machine, ext: str, source: str) -> None:
     tool = make_tool(engine, source, ext=ext, input_schema=ADD_SCHEMA)
@@ -123,6 +126,7 @@ def test_input_over_256_kb_is_refused(engine: Machine) -> None:
 # --- failures after the start -----------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_thrown_exception_is_failed_with_type_message_and_tool_lines(engine: Machine) -> None:
     source = (
         "def helper(x):\n    raise ValueError(f'bad tier {x}')\n\ndef run(i):\n"
@@ -330,7 +334,7 @@ def test_with_logs_a_tool_that_lingers_after_its_reply_is_answered_and_stopped(
     waited = time.monotonic() - started
     assert (result.status, result.output) == ("succeeded", {"n": 1}), result.error
     assert "before the reply" in result.logs
-    assert waited < 2.0
+    assert waited < 8.0  # well before the 10 s deadline it would have waited for
 
 
 def test_a_tool_writing_to_the_result_channel_gets_no_result(engine: Machine) -> None:
@@ -381,6 +385,7 @@ def test_each_run_starts_from_a_fresh_sandbox(engine: Machine) -> None:
 SECRET = "sk_live_51HqA9zSECRETvalue"
 
 
+@pytest.mark.smoke
 def test_secret_reaches_the_tool_as_an_env_variable(engine: Machine) -> None:
     py = "import os\ndef run(i):\n    return {'len': len(os.environ['STRIPE_KEY'])}\n"
     js = "export const run = () => ({ len: process.env.STRIPE_KEY.length })\n"

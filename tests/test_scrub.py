@@ -14,10 +14,9 @@ import urllib.parse
 import pytest
 
 from conftest import make_tool, run_tool
+from runnerd.limits import MIN_FOLDED_CHARS, MIN_SCRUB_CHARS
 from runnerd.run.machine import Machine
-from runnerd.run.scrub import MIN_FOLDED_CHARS, MIN_SCRUB_CHARS, REDACTED, Scrubber
-
-pytestmark = pytest.mark.jail
+from runnerd.run.scrub import REDACTED, Scrubber
 
 # A value with bytes that URL-, form- and JSON-encoding each change (/ + = " ! and a space).
 LONG = 'Sk_live/4f9c+2D="7e! 1b'
@@ -97,6 +96,7 @@ def test_a_listed_spelling_is_scrubbed(spelling: str) -> None:
     assert scrub.found_in(json.dumps({"leak": shown})) == [secret]
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize("spelling", SPELLINGS)
 def test_a_listed_spelling_is_scrubbed_from_a_runs_error_and_logs(
     engine: Machine, spelling: str
@@ -111,6 +111,7 @@ def test_a_listed_spelling_is_scrubbed_from_a_runs_error_and_logs(
         assert shown not in text, text
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize("spelling", SPELLINGS)
 def test_an_output_with_a_listed_spelling_is_withheld(engine: Machine, spelling: str) -> None:
     secret, expr = SPELLINGS[spelling]
@@ -144,10 +145,11 @@ def test_a_spelling_under_min_scrub_chars_is_not_looked_for() -> None:
 
 def test_building_a_scrubber_stays_cheap() -> None:
     """One Scrubber (one RE2) per run: ten secrets of 40 characters build in well under
-    the time a jail takes to start (a few ms here; a run takes tens)."""
+    the time a jail takes to start (a few ms here; a run takes tens). Counted in this
+    process's CPU time, which other work on the machine does not stretch."""
     secrets = {f"S{i}": f"sk_live_{i:02d}_4f9c2d7e1b8a93c5d0e7f1a2b3c4d5e6" for i in range(10)}
     Scrubber(secrets)
-    started = time.perf_counter()
+    started = time.process_time()
     for _ in range(20):
         Scrubber(secrets)
-    assert (time.perf_counter() - started) / 20 < 0.02
+    assert (time.process_time() - started) / 20 < 0.02

@@ -20,6 +20,7 @@ from daemon import Daemon
 from redirect_lab import redirect_lab
 from runnerd.run.runtimes import SYSTEM_CA, find_node, npm_cli
 from runnerd.sdk import AppBridgeError, AppClient, AsyncAppClient
+from test_sdk_redirects import CALLS, refused_redirect, sdk_call
 
 pytestmark = pytest.mark.jail
 # The tests on the module's daemon run on both stores.
@@ -73,6 +74,7 @@ def _client(world: dict[str, Any], **kw: Any) -> AppClient:
                      app=kw.pop("app", "sdk-demo"), **kw)  # fmt: skip
 
 
+@pytest.mark.smoke
 def test_a_run_that_started_resolves_whatever_its_status(world: dict[str, Any]) -> None:
     client = _client(world)
     ok = client.run_tool("echo", {"n": 3})
@@ -170,121 +172,7 @@ def test_the_async_client_does_the_same(world: dict[str, Any]) -> None:
     )
 
 
-def test_an_unreachable_daemon_is_an_app_bridge_error() -> None:
-    with pytest.raises(AppBridgeError) as caught:
-        AppClient("http://127.0.0.1:9", "k", "ws", app="a").run_tool("t", {})
-    assert (caught.value.code, caught.value.reason, caught.value.status) == (
-        "UNAVAILABLE", "connection_failed", 0,
-    )  # fmt: skip
-
-
-# --- redirects: the key and the input never go to another origin -------------------------
-
-REDIRECT_KEY = "rk_p_redirect-test-key-3f9a1c"  # no daemon checks it: it must simply not leave
-CALLS = ("run_tool", "list_tools", "async run_tool", "async list_tools")
-# Each Location and the origin the refusal must name ({port}: the redirector's own port;
-# {far}: a trap on 127.0.0.2; {near}: a trap on 127.0.0.1, another port).
-CROSS_ORIGIN = {
-    "another host": ("http://127.0.0.2:{far}/api/x", "http://127.0.0.2:{far}"),
-    "another port": ("http://127.0.0.1:{near}/api/x", "http://127.0.0.1:{near}"),
-    "https, another port": ("https://127.0.0.1:{near}/api/x", "https://127.0.0.1:{near}"),
-    "https, the same port": ("https://127.0.0.1:{port}/api/x", "https://127.0.0.1:{port}"),
-    "userinfo trick": ("http://127.0.0.1:{port}@127.0.0.2:{far}/x", "http://127.0.0.2:{far}"),
-    "scheme-relative": ("//127.0.0.2:{far}/api/x", "http://127.0.0.2:{far}"),
-    "trailing dot": ("http://127.0.0.2.:{far}/x", "http://127.0.0.2"),
-    "upper case": ("http://LOCALHOST:{near}/x", "http://localhost:{near}"),
-    "tab in the host": ("http://127.0.0.2\t:{far}/x", ""),
-    "file": ("file:///etc/passwd", "file:"),
-    "javascript": ("javascript:alert(1)", "javascript:"),
-}
-
-
-def _call(kind: str, url: str, key: str = REDIRECT_KEY, ws: str = "ws_1", app: str = "a") -> Any:
-    """One SDK call of ``kind`` on a client of ``url``: its result or its AppBridgeError."""
-    try:
-        if kind.startswith("async"):
-            client = AsyncAppClient(url, key, ws, app=app)
-            call = client.run_tool("echo", {"n": 3}) if "run" in kind else client.list_tools()
-            return asyncio.run(call)
-        with AppClient(url, key, ws, app=app) as sync:
-            return sync.run_tool("echo", {"n": 3}) if "run" in kind else sync.list_tools()
-    except AppBridgeError as exc:
-        return exc
-
-
-def _refused(found: Any, reason: str, status: int) -> AppBridgeError:
-    assert isinstance(found, AppBridgeError), found
-    assert (found.code, found.reason, found.status) == ("REDIRECT_REFUSED", reason, status)
-    assert REDIRECT_KEY not in f"{found} {found.details}"
-    return found
-
-
-@pytest.mark.parametrize("call", CALLS)
-@pytest.mark.parametrize("case", CROSS_ORIGIN)
-def test_a_redirect_to_another_origin_is_refused_and_nothing_is_sent_there(
-    case: str, call: str
-) -> None:
-    with redirect_lab() as lab:
-        where = {"port": lab.port, "far": lab.far.port, "near": lab.near.port}
-        location, origin = (part.format(**where) for part in CROSS_ORIGIN[case])
-        lab.route = lambda path: (307, location)  # 307 would resend the POST and its body
-        # httpx refuses a tab in a URL; fetch's parser drops it (and then sees 127.0.0.2).
-        reason = "BAD_REDIRECT" if case == "tab in the host" else "CROSS_ORIGIN_REDIRECT"
-        found = _refused(_call(call, lab.url), reason, 307)
-        assert (lab.far.connections(), lab.near.connections(), lab.connections) == (0, 0, 1)
-    if origin:
-        assert found.details["origin"].startswith(origin)
-        assert found.details["origin"] in str(found)
-
-
-@pytest.mark.parametrize("call", CALLS)
-@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
-def test_every_redirect_status_to_another_origin_is_refused(call: str, status: int) -> None:
-    with redirect_lab() as lab:
-        lab.route = lambda path: (status, f"http://127.0.0.2:{lab.far.port}{path}")
-        found = _refused(_call(call, lab.url), "CROSS_ORIGIN_REDIRECT", status)
-        assert found.details["origin"] == f"http://127.0.0.2:{lab.far.port}"
-        assert lab.far.connections() == 0 and lab.connections == 1
-
-
-def test_a_cross_origin_hop_after_same_origin_hops_is_refused() -> None:
-    with redirect_lab() as lab:
-        far = f"//127.0.0.2:{lab.far.port}/"
-        lab.route = lambda path: (308, far if path.startswith("/next") else f"/next{path}")
-        _refused(_call("run_tool", lab.url), "CROSS_ORIGIN_REDIRECT", 308)
-        assert lab.far.connections() == 0 and lab.connections == 2
-
-
-def test_a_host_that_differs_only_by_a_trailing_dot_is_another_origin() -> None:
-    # ``localhost.`` is read by DNS without search domains: it may be another host.
-    with redirect_lab() as lab:
-        lab.route = lambda path: (307, f"http://localhost.:{lab.port}{path}")
-        found = _refused(_call("run_tool", f"http://localhost:{lab.port}"),
-                         "CROSS_ORIGIN_REDIRECT", 307)  # fmt: skip
-        assert found.details["origin"] == f"http://localhost.:{lab.port}"
-        assert lab.connections == 1
-
-
-@pytest.mark.parametrize("status", [301, 302, 303])
-def test_a_redirect_that_would_turn_a_run_into_a_get_is_refused(status: int) -> None:
-    with redirect_lab() as lab:
-        lab.route = lambda path: (status, f"/via{path}")
-        for call in ("run_tool", "async run_tool"):
-            _refused(_call(call, lab.url), "REDIRECT_CHANGES_METHOD", status)
-        assert lab.connections == 2 and [m for m, *_ in lab.seen] == ["POST", "POST"]
-
-
-@pytest.mark.parametrize(
-    "location", ["http://[::1", "http:\\\\127.0.0.2:1\\x", "https:\\\\127.0.0.2\\", "http:"]
-)
-def test_a_location_that_is_no_url_is_refused(location: str) -> None:
-    """No URL, or one parsers read differently (a scheme, then backslashes: WHATWG reads
-    another host there, httpx a path)."""
-    with redirect_lab() as lab:
-        lab.route = lambda path: (307, location)
-        for call in CALLS:
-            _refused(_call(call, lab.url), "BAD_REDIRECT", 307)
-        assert lab.connections == len(CALLS)
+# --- redirects that end at the daemon: the key and the input are kept ------------------
 
 
 @pytest.mark.parametrize("call", CALLS)
@@ -301,7 +189,7 @@ def test_a_same_origin_redirect_keeps_the_key_and_the_input(
                 status,
                 f"http://LocalHost:{lab.port}/via{path}",
             )
-            found = _call(call, f"http://localhost:{lab.port}", **args)
+            found = sdk_call(call, f"http://localhost:{lab.port}", **args)
             if "run" in call:
                 assert found.status == "succeeded" and found.output == {"echo": {"n": 3}}, found
             else:
@@ -324,16 +212,17 @@ def test_redirects_are_followed_at_most_five_hops(world: dict[str, Any]) -> None
     args = {"key": world["apiKey"], "ws": world["workspaceId"], "app": "sdk-demo"}
     with redirect_lab(upstream=world["url"]) as lab:
         lab.route = chain(5)
-        assert _call("run_tool", lab.url, **args).status == "succeeded"
+        assert sdk_call("run_tool", lab.url, **args).status == "succeeded"
         assert lab.connections == 6  # the call and its five hops
         lab.route = chain(6)
         for call in CALLS:
-            found = _refused(_call(call, lab.url, **args), "TOO_MANY_REDIRECTS", 307)
+            found = refused_redirect(sdk_call(call, lab.url, **args), "TOO_MANY_REDIRECTS", 307)
             assert found.details["hops"] == 5
         assert lab.connections == 6 + 6 * len(CALLS)
         assert not any(path.startswith("/via") for _, path, *_ in lab.seen[6:])
 
 
+@pytest.mark.smoke
 def test_the_js_sdk_suite(world: dict[str, Any]) -> None:
     node = find_node()  # the Node runnerd uses: the system's, or runnerd[node]'s
     assert node, "the JS SDK tests need Node.js >= 20"
@@ -362,6 +251,7 @@ def deal_desk(daemon: Daemon) -> str:
     return str(daemon.ship(EXAMPLE)["installId"])
 
 
+@pytest.mark.smoke
 def test_the_example_app_scores_an_offer_through_the_python_sdk(
     daemon: Daemon, deal_desk: str
 ) -> None:

@@ -12,14 +12,14 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conftest import AppDir
+from conftest import AppDir, upload_version
 from pg_cluster import PgCluster
 from runnerd.errors import BudgetExhausted, DatabaseUnavailable, VersionExists
+from runnerd.ids import new_id
 from runnerd.run.toolchain import Toolchain
-from runnerd.store import DB_FILENAME, MIGRATIONS, Store, new_id
+from runnerd.store import DB_FILENAME, MIGRATIONS, Store
 from runnerd.store.db import PostgresDatabase, SQLiteDatabase
-from runnerd.upload.bundle import read_app_dir
-from runnerd.upload.deploy import upload_version
+from runnerd.upload.walk import read_app_dir
 
 
 def upload(store: Store, app: AppDir, toolchain: Toolchain) -> str:
@@ -27,6 +27,7 @@ def upload(store: Store, app: AppDir, toolchain: Toolchain) -> str:
     return version.version
 
 
+@pytest.mark.smoke
 def test_migrations_build_the_schema_from_an_empty_database(tmp_path: Path) -> None:
     store = Store.in_data_dir(tmp_path)
     assert store.schema_version == len(MIGRATIONS)
@@ -138,6 +139,7 @@ def test_migrating_a_version_1_database_keeps_its_data(
     store.close()
 
 
+@pytest.mark.smoke
 def test_a_run_lifecycle_on_each_backend(
     make_app: Callable[..., AppDir], store: Store, toolchain: Toolchain
 ) -> None:

@@ -84,6 +84,7 @@ def test_every_kind_of_tool_succeeds(
     assert body["durationMs"] > 0
 
 
+@pytest.mark.smoke
 def test_example_score_offer_runs_by_its_source_path(engine: Machine) -> None:
     proc = cli(
         engine,

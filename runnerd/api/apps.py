@@ -14,7 +14,6 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runnerd import egress
 from runnerd.api.auth import caller_of, install_for
 from runnerd.api.bodies import (
     AppInfo,
@@ -31,30 +30,17 @@ from runnerd.api.bodies import (
     VersionInfo,
     wire_view,
 )
-from runnerd.api.errors import ApiError
-from runnerd.api.ops import Op, Param, json_response, read_body
+from runnerd.api.ops import WORKSPACE, Op, Param, json_response, query_param
+from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
-from runnerd.api.tools import WORKSPACE, query_param
-from runnerd.limits import (
-    MAX_MANIFEST_BYTES,
-    MAX_SOURCE_BYTES,
-    MAX_TOOL_YAML_BYTES,
-    MAX_TOOLS_PER_APP,
-)
-from runnerd.store import AppRecord, InstallRecord, Store, VersionRecord
-from runnerd.upload.bundle import MAX_BUNDLE_FILES, Bundle
+from runnerd.errors import InvalidBody, NoPreviousVersion, VersionNotFound
+from runnerd.govern.apps import narrowed_grant, owned_app, published_version
+from runnerd.limits import MAX_DEPLOY_BODY_BYTES, MAX_DEPLOY_BODY_TOKENS, MAX_SMALL_BODY_BYTES
+from runnerd.model import Bundle
+from runnerd.store import InstallRecord, Store, VersionRecord
 from runnerd.upload.deploy import check_upload
 
 __all__ = ["OPS"]
-
-# The largest legal bundle, base64-encoded, and some room for JSON.
-DEPLOY_LIMIT = (
-    MAX_MANIFEST_BYTES + MAX_TOOLS_PER_APP * (MAX_SOURCE_BYTES + MAX_TOOL_YAML_BYTES)
-) * 4 // 3 + 1024 * 1024
-SMALL_BODY = 16 * 1024
-# The strings and brackets a deploy body may hold: a path and a content per file, for
-# twice the files a bundle may hold (more than that is refused with the bundle's reason).
-DEPLOY_TOKENS = 2 * 2 * MAX_BUNDLE_FILES + 8
 
 
 def _version_info(store: Store, v: VersionRecord) -> VersionInfo:
@@ -73,35 +59,6 @@ def _version_info(store: Store, v: VersionRecord) -> VersionInfo:
 
 def _install_info(i: InstallRecord) -> msgspec.Struct:
     return wire_view(InstallInfo, i, id="install_id")
-
-
-def _owned_app(store: Store, slug: str, workspace_id: str) -> AppRecord:
-    app = store.get_app(slug)
-    if app is None:
-        raise ApiError("NOT_FOUND", f"No app {slug!r}", details={"code": "APP_NOT_FOUND"})
-    if app.workspace_id not in (None, workspace_id):
-        raise ApiError.forbidden(
-            "APP_OWNED_BY_ANOTHER_WORKSPACE", f"app {slug!r} belongs to another workspace"
-        )
-    return app
-
-
-def _published_version(store: Store, slug: str, version: str) -> VersionRecord:
-    app = store.get_app(slug)
-    found = store.find_version(app.id, version) if app else None
-    if found is None:
-        raise ApiError(
-            "NOT_FOUND",
-            f"No version {version!r} of app {slug!r}",
-            details={"code": "VERSION_NOT_FOUND"},
-        )
-    if store.published_at(found.id) is None:
-        raise ApiError(
-            "BAD_REQUEST",
-            f"version {version!r} of {slug!r} is not published",
-            details={"code": "VERSION_NOT_PUBLISHED"},
-        )
-    return found
 
 
 class _UnreadFiles(msgspec.Struct, forbid_unknown_fields=True):
@@ -124,19 +81,13 @@ def _file_bytes(path: str, raw: msgspec.Raw) -> bytes:
         try:
             data = msgspec.json.decode(text, type=str)  # "\/" and the like
         except msgspec.ValidationError:
-            raise ApiError(
-                "BAD_REQUEST",
-                f"invalid request body: files[{path!r}] must be a base64 string",
-                details={"code": "INVALID_BODY"},
+            raise InvalidBody(
+                f"invalid request body: files[{path!r}] must be a base64 string"
             ) from None
     try:
         return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
-        raise ApiError(
-            "BAD_REQUEST",
-            f"every file must be base64; files[{path!r}] is not",
-            details={"code": "INVALID_BODY"},
-        ) from None
+        raise InvalidBody(f"every file must be base64; files[{path!r}] is not") from None
 
 
 async def deploy(request: Request, state: AppState) -> Response:
@@ -145,7 +96,9 @@ async def deploy(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "apps:write")
     await caller.member(state.store, workspace_id, role="builder")
     # Its keys are found without building its strings (a repeated path is refused).
-    body = await read_body(request, _UnreadFiles, DEPLOY_LIMIT, sparse_tokens=DEPLOY_TOKENS)
+    body = await read_body(
+        request, _UnreadFiles, MAX_DEPLOY_BODY_BYTES, sparse_tokens=MAX_DEPLOY_BODY_TOKENS
+    )
     machine = state.machine
 
     def check() -> Bundle:
@@ -156,7 +109,7 @@ async def deploy(request: Request, state: AppState) -> Response:
     bundle = await asyncio.to_thread(check)
     existing = await state.store.io(state.store.get_app, bundle.manifest.slug)
     if existing is not None:
-        await state.store.io(_owned_app, state.store, existing.slug, workspace_id)
+        await state.store.io(owned_app, state.store, existing.slug, workspace_id)
 
     def store() -> VersionRecord:
         # Tens of MB of code in one transaction: in a thread, on a connection of its own
@@ -207,12 +160,10 @@ async def publish(request: Request, state: AppState) -> Response:
     assert workspace_id is not None
     caller = await caller_of(request, state, "apps:write")
     await caller.member(state.store, workspace_id, role="builder")
-    app = await state.store.io(
-        _owned_app, state.store, request.path_params["appSlug"], workspace_id
-    )
+    app = await state.store.io(owned_app, state.store, request.path_params["appSlug"], workspace_id)
     version = await state.store.io(state.store.find_version, app.id, request.path_params["version"])
     if version is None:
-        raise ApiError("NOT_FOUND", "No such version", details={"code": "VERSION_NOT_FOUND"})
+        raise VersionNotFound
     await state.store.io(
         state.store.publish,
         version.id,
@@ -238,8 +189,8 @@ async def create_install(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "apps:write")
     user_id = caller.need_person()
     await caller.member(state.store, workspace_id, role="admin")
-    body = await read_body(request, InstallBody, SMALL_BODY)
-    version = await state.store.io(_published_version, state.store, body.app_slug, body.version)
+    body = await read_body(request, InstallBody, MAX_SMALL_BODY_BYTES)
+    version = await state.store.io(published_version, state.store, body.app_slug, body.version)
     install = await state.store.io(
         state.store.create_install,
         workspace_id,
@@ -248,20 +199,14 @@ async def create_install(request: Request, state: AppState) -> Response:
         user_id,
         key_id=caller.key.id,
     )
-    await _tools_changed(state)
+    await state.governor.tools_changed()
     return json_response(_install_info(install), status=201)
-
-
-async def _tools_changed(state: AppState) -> None:
-    """Tell chat agents' MCP sessions that the tools they may call changed."""
-    if state.mcp is not None:
-        await state.mcp.tools_changed()
 
 
 async def switch_install(request: Request, state: AppState) -> Response:
     install, caller = await install_for(request, state)
-    body = await read_body(request, SwitchBody, SMALL_BODY)
-    version = await state.store.io(_published_version, state.store, install.app_slug, body.version)
+    body = await read_body(request, SwitchBody, MAX_SMALL_BODY_BYTES)
+    version = await state.store.io(published_version, state.store, install.app_slug, body.version)
     switched = await state.store.io(
         state.store.switch_install,
         install.id,
@@ -269,7 +214,7 @@ async def switch_install(request: Request, state: AppState) -> Response:
         user_id=caller.user_id,
         key_id=caller.key.id,
     )
-    await _tools_changed(state)
+    await state.governor.tools_changed()
     return json_response(_install_info(switched))
 
 
@@ -279,12 +224,8 @@ async def rollback_install(request: Request, state: AppState) -> Response:
         state.store.rollback_install, install.id, user_id=caller.user_id, key_id=caller.key.id
     )
     if rolled is None:
-        raise ApiError(
-            "BAD_REQUEST",
-            "the install has no previous version to roll back to",
-            details={"code": "NO_PREVIOUS_VERSION"},
-        )
-    await _tools_changed(state)
+        raise NoPreviousVersion
+    await state.governor.tools_changed()
     return json_response(_install_info(rolled))
 
 
@@ -303,33 +244,13 @@ async def show_egress(request: Request, state: AppState) -> Response:
 
 async def narrow_egress(request: Request, state: AppState) -> Response:
     install, caller = await install_for(request, state)
-    body = await read_body(request, EgressBody, SMALL_BODY)
-    requested = [
-        egress.parse(e)
-        for e in await state.store.io(state.store.requested_egress, install.version_id)
-    ]
-    granted: dict[str, None] = {}
-    for i, entry in enumerate(body.egress):
-        try:
-            wanted = egress.parse(entry)
-        except egress.EgressError as exc:
-            raise ApiError(
-                "BAD_REQUEST",
-                f"egress[{i}]: {exc}",
-                details={"code": "INVALID_EGRESS", "field": f"egress[{i}]"},
-            ) from None
-        if not any(egress.covers(asked, wanted) for asked in requested):
-            raise ApiError(
-                "BAD_REQUEST",
-                f"egress[{i}]: {wanted} is not among what version {install.version} asks "
-                "for; a grant can only narrow the version's egress",
-                details={"code": "EGRESS_NOT_REQUESTED", "field": f"egress[{i}]"},
-            )
-        granted[str(wanted)] = None
+    body = await read_body(request, EgressBody, MAX_SMALL_BODY_BYTES)
+    requested = await state.store.io(state.store.requested_egress, install.version_id)
+    granted = narrowed_grant(requested, body.egress, install.version)
     narrowed = await state.store.io(
         state.store.narrow_egress,
         install.id,
-        tuple(granted),
+        granted,
         user_id=caller.user_id,
         key_id=caller.key.id,
     )

@@ -21,8 +21,17 @@ from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
-from runnerd.api.errors import ApiError
 from runnerd.api.sessions import CookieSigner
+from runnerd.errors import (
+    CsrfTokenInvalid,
+    InstallNotFound,
+    InsufficientRole,
+    InsufficientScope,
+    InvalidApiKey,
+    Unauthenticated,
+    WorkspaceKeyNotAllowed,
+)
+from runnerd.model import Role
 from runnerd.roles import ROLE_RANK
 from runnerd.store import InstallRecord, KeyRecord, MembershipRecord, SessionRecord, Store
 
@@ -46,20 +55,16 @@ class Caller:
 
     def need_scope(self, scope: str) -> None:
         if self.key.kind == "token" and scope not in self.key.scopes:
-            raise ApiError.forbidden("INSUFFICIENT_SCOPE", f"this token lacks the {scope} scope")
+            raise InsufficientScope(scope)
 
     def need_person(self) -> str:
         """The person behind the key; a workspace key is refused."""
         if self.key.kind == "workspace" or self.key.user_id is None:
-            raise ApiError.forbidden(
-                "WORKSPACE_KEY_NOT_ALLOWED",
-                "Workspace API keys cannot call this endpoint: a tool always runs for a "
-                "person whose access can be checked; use a personal API key or token",
-            )
+            raise WorkspaceKeyNotAllowed
         return self.key.user_id
 
     async def member(
-        self, store: Store, workspace_id: str, *, role: str, apps: bool = True
+        self, store: Store, workspace_id: str, *, role: Role, apps: bool = True
     ) -> MembershipRecord | None:
         """Check the caller may act in ``workspace_id`` with at least ``role`` (and the
         Apps module); 403 INSUFFICIENT_WORKSPACE_ROLE otherwise. A workspace key acts
@@ -67,7 +72,7 @@ class Caller:
         if self.key.kind == "workspace":
             if self.key.workspace_id == workspace_id and ROLE_RANK[role] <= ROLE_RANK["builder"]:
                 return None
-            raise ApiError.forbidden("INSUFFICIENT_WORKSPACE_ROLE")
+            raise InsufficientRole
         assert self.key.user_id is not None
         found = await store.io(store.membership, workspace_id, self.key.user_id)
         if (
@@ -75,7 +80,7 @@ class Caller:
             or ROLE_RANK[found.role] < ROLE_RANK[role]
             or (apps and not found.apps_access)
         ):
-            raise ApiError.forbidden("INSUFFICIENT_WORKSPACE_ROLE")
+            raise InsufficientRole
         return found
 
 
@@ -108,22 +113,19 @@ async def authenticate(
     if plaintext:
         key = await store.io(store.find_key, plaintext)
         if key is None:
-            raise ApiError("UNAUTHORIZED", "Invalid or revoked API key")
+            raise InvalidApiKey
         return Caller(key)
     secret = cookies.secret_of(request) if cookies is not None else None
     if secret is None:
-        raise ApiError("UNAUTHORIZED")
+        raise Unauthenticated
     session = await store.io(store.find_session, secret)
     if session is None:
-        raise ApiError("UNAUTHORIZED", "The session has ended: sign in again")
+        raise Unauthenticated("The session has ended: sign in again")
     if request.method not in SAFE_METHODS:
         tokens = request.headers.getlist("x-csrf-token")  # two of them: no one token
         sent = tokens[0] if len(tokens) == 1 else ""
         if not hmac.compare_digest(sent.encode(), session.csrf.encode()):
-            raise ApiError.forbidden(
-                "CSRF_TOKEN_INVALID",
-                "this request changes state and lacks the session's CSRF token",
-            )
+            raise CsrfTokenInvalid
     return Caller(session_key(session), session)
 
 
@@ -142,7 +144,7 @@ def session_key(session: SessionRecord) -> KeyRecord:
 
 
 async def install_for(
-    request: Request, state: AppState, *, scope: str = "apps:write", role: str = "admin"
+    request: Request, state: AppState, *, scope: str = "apps:write", role: Role = "admin"
 ) -> tuple[InstallRecord, Caller]:
     """The install of the path, for a person of at least ``role`` in its workspace (a
     token needs ``scope``); installs of other workspaces are not found."""
@@ -153,6 +155,6 @@ async def install_for(
         install is None
         or await state.store.io(state.store.membership, install.workspace_id, user_id) is None
     ):
-        raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
+        raise InstallNotFound
     await caller.member(state.store, install.workspace_id, role=role)
     return install, caller

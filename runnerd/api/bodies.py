@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
+from runnerd.limits import MAX_EGRESS_ENTRIES, MAX_EGRESS_ENTRY_CHARS
+from runnerd.model import ApprovalStatus, Effect, Language, Role, RunEnd, RunStatus, Surface
 from runnerd.store import AuditEntry, BudgetStatus, InstallRecord
 
 T = TypeVar("T")
@@ -31,8 +33,6 @@ __all__ = [
     "ToolList",
     "VersionInfo",
 ]
-
-Surface = Literal["app", "chat", "relay", "workflow", "api", "cli", "test"]
 
 
 class _Wire(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
@@ -76,8 +76,8 @@ class ToolInfo(_Wire):
     reference: str  # app-slug/tool_name
     name: str
     description: str
-    effect: Literal["read", "write"]
-    language: Literal["python", "javascript", "typescript"]
+    effect: Effect
+    language: Language
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]
     timeout_ms: int
@@ -101,7 +101,7 @@ class RunBody(_Wire):
 
 class RunResponse(_Wire, omit_defaults=False):
     run_id: str
-    status: Literal["succeeded", "failed", "timed_out"]
+    status: RunEnd
     output: Any
     error: str | None
     duration_ms: int
@@ -153,11 +153,11 @@ class InstallBody(_Wire):
     version: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 
 
-_Destination = Annotated[str, msgspec.Meta(min_length=1, max_length=260)]
+_Destination = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_EGRESS_ENTRY_CHARS)]
 
 
 class EgressBody(_Wire):
-    egress: Annotated[list[_Destination], msgspec.Meta(max_length=100)]
+    egress: Annotated[list[_Destination], msgspec.Meta(max_length=MAX_EGRESS_ENTRIES)]
 
 
 class EgressGrant(_Wire):
@@ -266,7 +266,7 @@ class ApprovalInfo(_Wire):
     tool: str
     surface: str
     requested_by: str
-    status: Literal["pending", "approved", "denied", "expired"]
+    status: ApprovalStatus
     created_at: str
     expires_at: str
     decided_by: str | None
@@ -303,7 +303,7 @@ class RunInfo(_Wire):
     tool: str
     version_id: str
     version: str | None
-    status: Literal["running", "succeeded", "failed", "timed_out"]
+    status: RunStatus
     duration_ms: int | None
     surface: str
     user_id: str
@@ -335,8 +335,6 @@ class LatestRuns(_Wire):
 
 
 # --- the Manage page: sessions, people, keys ------------------------------------------------
-
-Role = Literal["admin", "builder", "member", "viewer"]
 
 
 class SignInBody(_Wire):

@@ -1,13 +1,15 @@
 """The error envelope, ``{"error": {"code", "message", "details"?}}``, built in one place.
 
-Every error from every route is ``{"error": {"code", "message", "details"?}}``. The HTTP
-status is an attribute of the error; domain errors are mapped to it here and nowhere
-else.
+Every error from every route is ``{"error": {"code", "message", "details"?}}``. Handlers
+raise the named errors of runnerd/errors.py (``InstallNotFound()``, ``AppNotFound(slug)``):
+each carries its HTTP status, wire reason and default message, and ``from_domain`` maps
+it to the envelope here and nowhere else. ``ApiError`` is the envelope itself: what
+``error_response`` writes, also for what no domain error names (an unknown route, a
+wrong method, an internal error).
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -16,7 +18,7 @@ from starlette.responses import Response
 from runnerd.errors import RunnerdError
 from runnerd.metrics import METRICS
 
-__all__ = ["ApiError", "code_for_status", "error_response", "from_domain"]
+__all__ = ["ApiError", "code_for_status", "envelope", "error_response", "from_domain"]
 
 # code -> (HTTP status, default message): the List App Tools codes, plus what the
 # management API adds (405, 409, 415).
@@ -37,7 +39,8 @@ _BY_STATUS = {status: code for code, (status, _) in CODES.items()}
 
 class ApiError(Exception):
     """An error answer: ``code`` from CODES, a message, and ``details`` (details.code is
-    the precise reason, such as INSUFFICIENT_WORKSPACE_ROLE)."""
+    the precise reason, such as INSUFFICIENT_WORKSPACE_ROLE). Built by ``from_domain``
+    from a named error, or for an answer no domain error names."""
 
     def __init__(
         self,
@@ -53,20 +56,6 @@ class ApiError(Exception):
         self.details = details
         self.headers = headers or {}
         super().__init__(self.message)
-
-    @classmethod
-    def forbidden(cls, reason: str, message: str | None = None) -> ApiError:
-        return cls("FORBIDDEN", message, details={"code": reason})
-
-    @classmethod
-    def rate_limited(cls, retry_after_s: float) -> ApiError:
-        when = datetime.now(UTC) + timedelta(seconds=retry_after_s)
-        stamp = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        return cls(
-            "RATE_LIMITED",
-            details={"retryAfter": stamp},
-            headers={"Retry-After": str(max(1, round(retry_after_s + 0.499)))},
-        )
 
 
 def error_response(error: ApiError) -> Response:
@@ -89,13 +78,25 @@ def code_for_status(status: int) -> str:
 
 
 def from_domain(exc: Exception) -> ApiError | None:
-    """The API error for a domain error that carries a wire reason, or None."""
+    """The envelope of a domain error that carries a wire reason; None for anything else
+    (an internal error).
+
+    The envelope's code follows the status; details.code is the reason, unless the reason
+    is that code itself (UNAUTHORIZED, RATE_LIMITED...), which says nothing more."""
     if not isinstance(exc, RunnerdError) or exc.reason is None:
         return None
+    code = code_for_status(exc.status)
+    wire = exc.wire_details()
+    details = (wire or None) if exc.reason == code else {"code": exc.reason, **wire}
     headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
-    return ApiError(
-        code_for_status(exc.status),
-        str(exc),
-        details={"code": exc.reason, **exc.wire_details()},
-        headers=headers,
-    )
+    return ApiError(code, str(exc), details=details, headers=headers)
+
+
+def envelope(exc: RunnerdError) -> ApiError:
+    """The envelope of a domain error caught on its way to a caller (``from_domain``).
+    One without a wire reason is raised on: it is an internal error, for the error path
+    that logs it."""
+    error = from_domain(exc)
+    if error is None:
+        raise exc
+    return error

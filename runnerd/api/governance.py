@@ -36,24 +36,37 @@ from runnerd.api.bodies import (
     UsageList,
     wire_view,
 )
-from runnerd.api.errors import ApiError
-from runnerd.api.ops import Op, Param, json_response, read_body
+from runnerd.api.ops import (
+    WORKSPACE,
+    Op,
+    Param,
+    int_query,
+    json_response,
+    query_param,
+)
+from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
-from runnerd.api.tools import WORKSPACE, int_query, query_param
-from runnerd.govern.governor import Principal
+from runnerd.errors import (
+    ApprovalNotFound,
+    InstallNotFound,
+    InvalidQuery,
+    RunNotFound,
+    SecretNotFound,
+)
+from runnerd.govern.admission import Principal
+from runnerd.govern.secrets import SECRET_NAME, check_secret_name, check_secret_value
+from runnerd.limits import (
+    MAX_DESTINATION_CHARS,
+    MAX_SECRET_BODY_BYTES,
+    MAX_SMALL_BODY_BYTES,
+)
+from runnerd.model import Role
 from runnerd.store import ApprovalRow, InstallRecord, RunRow
 
 __all__ = ["OPS"]
 
-SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
-RESERVED_NAMES = {"PATH", "HOME", "LANG", "PWD", "SHELL", "USER", "TMPDIR"}
-RESERVED_PREFIXES = ("RUNNERD_", "LD_", "PYTHON", "NODE_", "NSJAIL")
-MAX_SECRET_BYTES = 32 * 1024  # runnerd: an API key or a certificate, not a file
-MIN_SECRET_CHARS = 4  # shorter values cannot be told apart from ordinary text to scrub
-SMALL_BODY = 64 * 1024
 
-
-async def _install(request: Request, state: AppState, caller: Caller, role: str) -> InstallRecord:
+async def _install(request: Request, state: AppState, caller: Caller, role: Role) -> InstallRecord:
     """The install of the path, if the caller may act on it with ``role``; installs of
     workspaces the caller is not in are not found."""
     install = await state.store.io(state.store.get_install, request.path_params["installId"])
@@ -69,7 +82,7 @@ async def _install(request: Request, state: AppState, caller: Caller, role: str)
         if visible:
             await caller.member(state.store, install.workspace_id, role=role)
             return install
-    raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
+    raise InstallNotFound
 
 
 def _who(caller: Caller) -> Principal:
@@ -79,35 +92,12 @@ def _who(caller: Caller) -> Principal:
 # --- secrets ----------------------------------------------------------------------------------
 
 
-def _secret_name(request: Request) -> str:
-    name = str(request.path_params["name"])
-    if (
-        not SECRET_NAME.fullmatch(name)
-        or name in RESERVED_NAMES
-        or name.startswith(RESERVED_PREFIXES)
-    ):
-        raise ApiError(
-            "BAD_REQUEST",
-            "a secret name is an environment variable name: capital letters, "
-            "digits and underscores, not starting with a digit, and not one "
-            "runnerd or the runtimes use (PATH, HOME, LD_*, PYTHON*, NODE_*...)",
-            details={"code": "INVALID_SECRET_NAME"},
-        )
-    return name
-
-
 async def put_secret(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "apps:write")
     install = await _install(request, state, caller, "admin")
-    name = _secret_name(request)
-    body = await read_body(request, SecretBody, SMALL_BODY)
-    size = len(body.value.encode())
-    if size > MAX_SECRET_BYTES or len(body.value) < MIN_SECRET_CHARS:
-        raise ApiError(
-            "BAD_REQUEST",
-            f"a secret value is {MIN_SECRET_CHARS} characters to {MAX_SECRET_BYTES // 1024} KB",
-            details={"code": "INVALID_SECRET_VALUE"},
-        )
+    name = check_secret_name(str(request.path_params["name"]))
+    body = await read_body(request, SecretBody, MAX_SECRET_BODY_BYTES)
+    check_secret_value(body.value)
     sealed = state.governor.vault.seal(install.id, name, body.value)
     updated = await state.store.io(
         state.store.put_secret,
@@ -131,7 +121,7 @@ async def list_secrets(request: Request, state: AppState) -> Response:
 async def delete_secret(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "apps:write")
     install = await _install(request, state, caller, "admin")
-    name = _secret_name(request)
+    name = check_secret_name(str(request.path_params["name"]))
     if not await state.store.io(
         state.store.delete_secret,
         install.id,
@@ -140,9 +130,7 @@ async def delete_secret(request: Request, state: AppState) -> Response:
         user_id=caller.user_id,
         key_id=caller.key.id,
     ):
-        raise ApiError(
-            "NOT_FOUND", f"the install has no secret {name}", details={"code": "SECRET_NOT_FOUND"}
-        )
+        raise SecretNotFound(name)
     return json_response(Deleted(name=name, deleted=True))
 
 
@@ -162,7 +150,7 @@ async def get_budget(request: Request, state: AppState) -> Response:
 async def put_budget(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "apps:write")
     install = await _install(request, state, caller, "admin")
-    body = await read_body(request, BudgetBody, SMALL_BODY)
+    body = await read_body(request, BudgetBody, MAX_SMALL_BODY_BYTES)
     await state.store.io(
         state.store.set_budget,
         install.id,
@@ -192,9 +180,7 @@ async def get_ledger(request: Request, state: AppState) -> Response:
     workspace_id = await _admin_of_workspace(request, state)
     month = request.query_params.get("month")
     if month is not None and not MONTH.fullmatch(month):
-        raise ApiError(
-            "BAD_REQUEST", "month is YYYY-MM", details={"code": "INVALID_QUERY", "field": "month"}
-        )
+        raise InvalidQuery("month", "month is YYYY-MM")
     rows = await state.store.io(
         state.store.ledger,
         month=month,
@@ -258,7 +244,7 @@ async def list_approvals(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "api:read")
     caller.need_person()
     await caller.member(state.store, workspace_id, role="member")
-    await state.governor.expire()
+    await state.governor.approvals.expire()
     status = request.query_params.get("status")
     rows = await state.store.io(state.store.list_approvals, workspace_id, status)
     return json_response(ApprovalList(data=[_approval_info(a) for a in rows]))
@@ -272,9 +258,9 @@ async def _decide(request: Request, state: AppState, approve: bool) -> Response:
         approval is None
         or await state.store.io(state.store.membership, approval.workspace_id, who.user_id) is None
     ):
-        raise ApiError("NOT_FOUND", "No such approval", details={"code": "APPROVAL_NOT_FOUND"})
+        raise ApprovalNotFound
     await caller.member(state.store, approval.workspace_id, role="member")
-    await state.governor.expire()
+    await state.governor.approvals.expire()
     decided = await state.governor.decide(approval.id, approve=approve, who=who)
     return json_response(_approval_info(decided))
 
@@ -312,7 +298,7 @@ def _egress_use(figure: Any) -> EgressUse:
         return value if isinstance(value, int) and value >= 0 else 0
 
     return EgressUse(
-        destination=str(known.get("destination", "?"))[:300],
+        destination=str(known.get("destination", "?"))[:MAX_DESTINATION_CHARS],
         connections=count("connections"),
         bytes_sent=count("bytesSent"),
         bytes_received=count("bytesReceived"),
@@ -327,7 +313,7 @@ async def get_run(request: Request, state: AppState) -> Response:
         row is None
         or await state.store.io(state.store.membership, row.workspace_id, user_id) is None
     ):
-        raise ApiError("NOT_FOUND", "No such run", details={"code": "RUN_NOT_FOUND"})
+        raise RunNotFound
     member = await caller.member(state.store, row.workspace_id, role="viewer")
     detail = RunDetail(run=_run_info(row))
     # The output is the asker's: theirs, the approver's who released it, or an admin's.

@@ -1,38 +1,34 @@
-"""The route table: each operation's method, path, handler, wire types and errors.
+"""An operation of the API (its method, path, handler, wire types and errors) and what
+handlers read a request with: its JSON body, its query parameters.
 
-The Starlette routes and the OpenAPI document are both built from this one table, so
-the served API and its description cannot drift apart.
+The Starlette routes and the OpenAPI document are both built from one table of these
+(runnerd/api/routes.py), so the served API and its description cannot drift apart.
 """
 
 from __future__ import annotations
 
-import asyncio
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runnerd.api.errors import ApiError
-from runnerd.checks.duplicates import TooManyTokens, duplicate_key, duplicate_key_sparse
-from runnerd.checks.nesting import nesting_over
-from runnerd.limits import MAX_JSON_DEPTH
+from runnerd.errors import (
+    InvalidQuery,
+)
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState
 
 __all__ = [
+    "WORKSPACE",
     "Op",
     "Param",
+    "int_query",
     "json_response",
-    "read_body",
-    "refuse_body",
-    "refuse_repeated_keys",
-    "require_json",
+    "query_param",
 ]
 
 Handler = Callable[[Request, "AppState"], Awaitable[Response]]
@@ -84,123 +80,33 @@ def json_response(value: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(value), status_code=status, media_type="application/json")
 
 
-# Bodies larger than this are decoded in a worker thread, off the event loop: 64 KB of
-# small objects takes ~1 ms to decode and ~3 ms to scan for repeated keys.
-DECODE_INLINE_BYTES = 64 * 1024
+# The workspace a request acts in, on every operation that lists or changes its things.
+WORKSPACE = Param(
+    "workspaceId", "Workspace the request is authorized against.", required=True, max_length=128
+)
 
 
-# application/json in any case, and at most one parameter: charset=utf-8, quoted or not.
-_JSON_TYPE = re.compile(r'[ \t]*application/json[ \t]*(?:;[ \t]*charset=(?:utf-8|"utf-8")[ \t]*)?',
-                        re.IGNORECASE | re.ASCII)  # fmt: skip
-
-
-def require_json(headers: Headers) -> None:
-    """Refuse (415) a body not labelled ``application/json``: one Content-Type header,
-    that type in any case, and no parameter but ``charset=utf-8`` (bodies are read as
-    UTF-8, whatever a label says). A cross-site form can send only text/plain,
-    application/x-www-form-urlencoded or multipart/form-data: no form gets past this."""
-    sent = headers.getlist("content-type")
-    if len(sent) != 1 or not _JSON_TYPE.fullmatch(sent[0]):
-        got = "none" if not sent else ", ".join(repr(v[:100]) for v in sent)
-        raise ApiError(
-            "UNSUPPORTED_MEDIA_TYPE",
-            "Content-Type must be application/json (a charset=utf-8 parameter may follow), "
-            f"in one header; got {got}",
-            details={"code": "CONTENT_TYPE_NOT_JSON", "field": "Content-Type"},
+def query_param(request: Request, param: Param) -> str | None:
+    """The query parameter ``param`` names (None when absent and optional); 400
+    INVALID_QUERY naming it when a required one is absent or its length is out of bounds."""
+    value = request.query_params.get(param.name)
+    if value is None:
+        if param.required:
+            raise InvalidQuery(param.name, f"{param.name} is required")
+        return None
+    if not param.min_length <= len(value) <= param.max_length:
+        raise InvalidQuery(
+            param.name,
+            f"{param.name} must be {param.min_length} to {param.max_length} characters",
         )
+    return value
 
 
-async def refuse_body(request: Request) -> None:
-    """Refuse (400) a body sent to an operation that takes none; an empty one, whatever
-    its Content-Type, is fine. Stops reading at the first chunk that holds a byte."""
-    async for chunk in request.stream():
-        if chunk:
-            raise ApiError(
-                "BAD_REQUEST",
-                f"{request.method} {request.url.path} takes no request body; send none",
-                details={"code": "BODY_NOT_ALLOWED"},
-            )
-
-
-def refuse_repeated_keys(raw: bytes | bytearray, *, sparse_tokens: int | None = None) -> None:
-    """Refuse (400) a JSON text with a key twice in one object, at any depth, compared as
-    decoded. ``raw`` has been decoded (or depth-checked) already. ``sparse_tokens``:
-    the text is a few long strings (a deploy), scanned without building them, and
-    refused when it holds more strings and brackets than that."""
-    try:
-        if sparse_tokens is None:
-            key = duplicate_key(raw)
-        else:
-            key = duplicate_key_sparse(raw, sparse_tokens)
-    except TooManyTokens as exc:
-        raise ApiError(
-            "BAD_REQUEST", f"invalid request body: {exc}", details={"code": "INVALID_BODY"}
-        ) from None
-    if key is not None:
-        shown = key if len(key) <= 64 else key[:64] + "…"
-        raise ApiError(
-            "BAD_REQUEST",
-            f"request body holds the key {shown!r} twice in one object; send each key once",
-            details={"code": "DUPLICATE_KEY", "key": shown},
-        )
-
-
-async def read_body(
-    request: Request,
-    kind: type[Any],
-    limit: int,
-    *,
-    nesting_reason: str | None = None,
-    sparse_tokens: int | None = None,
-) -> Any:
-    """The request body decoded as ``kind``; 415 unless it is labelled application/json,
-    400 when too large, not that shape, or holding a key twice in one object.
-
-    A ``kind`` with a free-form field (a run's input) passes ``nesting_reason``: the body
-    is then refused unread, with that details.code, when it nests deeper than
-    MAX_JSON_DEPTH inside its top-level object. Other kinds need no such check: decoding
-    into a fixed shape stops at the first value of the wrong kind, before any depth; a
-    part left unread (a msgspec.Raw) is refused when deeper than msgspec's own limit.
-    ``sparse_tokens``: see ``refuse_repeated_keys``."""
-    require_json(request.headers)
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise ApiError(
-                "BAD_REQUEST",
-                f"request body is larger than {limit:,} bytes",
-                details={"code": "BODY_TOO_LARGE"},
-            )
-    if len(data) <= DECODE_INLINE_BYTES:
-        return _decode(data, kind, nesting_reason, sparse_tokens)
-    return await asyncio.to_thread(_decode, data, kind, nesting_reason, sparse_tokens)
-
-
-def _decode(
-    raw: bytearray, kind: type[Any], nesting_reason: str | None, sparse_tokens: int | None
-) -> Any:
-    if nesting_reason is not None and nesting_over(raw, MAX_JSON_DEPTH + 1) is not None:
-        what = "input" if nesting_reason == "INVALID_INPUT" else "request body"
-        raise ApiError(
-            "BAD_REQUEST",
-            f"{what} is nested deeper than {MAX_JSON_DEPTH} levels, the limit",
-            details={"code": nesting_reason},
-        )
-    try:
-        decoded = msgspec.json.decode(raw, type=kind)
-        # After decoding: msgspec refuses what is not JSON, or too deep, faster.
-        refuse_repeated_keys(raw, sparse_tokens=sparse_tokens)
-        return decoded
-    except msgspec.ValidationError as exc:
-        raise ApiError(
-            "BAD_REQUEST", f"invalid request body: {exc}", details={"code": "INVALID_BODY"}
-        ) from None
-    except msgspec.DecodeError as exc:
-        raise ApiError(
-            "BAD_REQUEST", f"request body is not JSON: {exc}", details={"code": "INVALID_BODY"}
-        ) from None
-    except RecursionError:  # a free-form part (a msgspec.Raw) deeper than msgspec goes
-        raise ApiError(
-            "BAD_REQUEST", "request body is nested too deeply", details={"code": "INVALID_BODY"}
-        ) from None
+def int_query(request: Request, name: str, default: int, low: int, high: int) -> int:
+    """An integer query parameter in [low, high]; 400 INVALID_QUERY naming it otherwise."""
+    text = request.query_params.get(name)
+    if text is None:
+        return default
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise InvalidQuery(name, f"{name} is a whole number from {low} to {high}")
+    return int(text)

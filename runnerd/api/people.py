@@ -29,16 +29,24 @@ from runnerd.api.bodies import (
     SignInBody,
     WorkspaceRole,
 )
-from runnerd.api.errors import ApiError
-from runnerd.api.ops import Op, Param, json_response, read_body
+from runnerd.api.ops import Op, Param, json_response
+from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
-from runnerd.roles import SCOPES
+from runnerd.errors import (
+    InvalidApiKey,
+    InvalidSignIn,
+    KeyNotFound,
+    MemberNotFound,
+    PersonalKeyRequired,
+    Unauthenticated,
+    WorkspaceKeyNotAllowed,
+    WorkspaceNotFound,
+)
+from runnerd.govern.people import add_member, key_holder, token_scopes
+from runnerd.limits import MAX_SMALL_BODY_BYTES
 from runnerd.store import Store
 
-__all__ = ["LOGIN_LINK_TTL_S", "OPS"]
-
-LOGIN_LINK_TTL_S = 600  # a sign-in link is good once, for 10 minutes
-SMALL_BODY = 16 * 1024
+__all__ = ["OPS"]
 
 
 async def _session_info(
@@ -68,32 +76,27 @@ async def _session_info(
 
 
 async def sign_in(request: Request, state: AppState) -> Response:
-    body = await read_body(request, SignInBody, SMALL_BODY)
+    body = await read_body(request, SignInBody, MAX_SMALL_BODY_BYTES)
     store = state.store
     if (body.api_key is None) == (body.login_token is None):
-        raise ApiError(
-            "BAD_REQUEST",
-            "send apiKey (a personal API key) or loginToken (from a sign-in link)",
-            details={"code": "INVALID_SIGN_IN"},
-        )
+        raise InvalidSignIn
     if body.api_key is not None:
         key = await store.io(store.find_key, body.api_key.strip())
         if key is None:
-            raise ApiError("UNAUTHORIZED", "Invalid or revoked API key")
+            raise InvalidApiKey
         if key.kind != "personal" or key.user_id is None:
-            raise ApiError.forbidden(
-                "WORKSPACE_KEY_NOT_ALLOWED" if key.kind == "workspace" else "PERSONAL_KEY_REQUIRED",
+            refused = WorkspaceKeyNotAllowed if key.kind == "workspace" else PersonalKeyRequired
+            raise refused(
                 "sign in with a personal API key: a workspace key acts for no person, and a "
-                "scoped token must not become a session with more rights than its scopes",
+                "scoped token must not become a session with more rights than its scopes"
             )
         user_id, via, key_id = key.user_id, "api_key", key.id
     else:
         assert body.login_token is not None
         found = await store.io(store.use_login_link, body.login_token)
         if found is None:
-            raise ApiError(
-                "UNAUTHORIZED",
-                "This sign-in link was used already or has expired; ask for a new one",
+            raise Unauthenticated(
+                "This sign-in link was used already or has expired; ask for a new one"
             )
         user_id, via, key_id = found, "login_link", None
     ttl_s = state.settings.session_hours * 3600
@@ -136,7 +139,7 @@ async def _admin(request: Request, state: AppState, scope: str) -> tuple[Caller,
     caller.need_person()
     workspace_id = str(request.path_params["workspaceId"])
     if await state.store.io(state.store.get_workspace, workspace_id) is None:
-        raise ApiError("NOT_FOUND", "No such workspace", details={"code": "WORKSPACE_NOT_FOUND"})
+        raise WorkspaceNotFound
     await caller.member(state.store, workspace_id, role="admin", apps=False)
     return caller, workspace_id
 
@@ -162,18 +165,16 @@ async def list_members(request: Request, state: AppState) -> Response:
 
 async def put_member(request: Request, state: AppState) -> Response:
     _, workspace_id = await _admin(request, state, "apps:write")
-    body = await read_body(request, MemberBody, SMALL_BODY)
-    store = state.store
-    user = await store.io(store.ensure_user, body.email.strip())
-    await store.io(
-        store.set_membership,
+    body = await read_body(request, MemberBody, MAX_SMALL_BODY_BYTES)
+    row = await state.store.io(
+        add_member,
+        state.store,
         workspace_id,
-        user.id,
+        body.email,
         role=body.role,
         apps_access=body.apps_access,
         approver=body.approver,
     )
-    row = next(r for r in await store.io(store.members, workspace_id) if r["user_id"] == user.id)
     return json_response(_member_info(row))
 
 
@@ -185,9 +186,7 @@ async def remove_member(request: Request, state: AppState) -> Response:
         store.remove_member, workspace_id, user_id, actor_user_id=caller.user_id
     )
     if not removed:
-        raise ApiError(
-            "NOT_FOUND", "No such person in this workspace", details={"code": "MEMBER_NOT_FOUND"}
-        )
+        raise MemberNotFound
     return await list_members(request, state)
 
 
@@ -216,39 +215,20 @@ async def list_keys(request: Request, state: AppState) -> Response:
 
 async def create_key(request: Request, state: AppState) -> Response:
     caller, workspace_id = await _admin(request, state, "apps:write")
-    body = await read_body(request, NewKeyBody, SMALL_BODY)
+    body = await read_body(request, NewKeyBody, MAX_SMALL_BODY_BYTES)
     store = state.store
     user_id = None
     if body.kind != "workspace":
         user = await store.io(store.get_user, caller.need_person())
         email = body.email or user.email  # type: ignore[union-attr]
-        member = next(
-            (
-                m
-                for m in await store.io(store.members, workspace_id)
-                if m["email"].lower() == email.lower()
-            ),
-            None,
-        )
-        if member is None:
-            raise ApiError(
-                "BAD_REQUEST",
-                f"{email} is not a person of this workspace: add them first",
-                details={"code": "NOT_A_MEMBER"},
-            )
-        user_id = str(member["user_id"])
-    if body.kind == "token" and (not body.scopes or not set(body.scopes) <= set(SCOPES)):
-        raise ApiError(
-            "BAD_REQUEST",
-            f"a token needs scopes from {', '.join(SCOPES)}",
-            details={"code": "INVALID_SCOPES"},
-        )
+        user_id = await store.io(key_holder, store, workspace_id, email)
+    scopes = token_scopes(body.scopes) if body.kind == "token" else ()
     record, plaintext = await store.io(
         store.create_key,
         kind=body.kind,
         user_id=user_id,
         workspace_id=workspace_id if body.kind == "workspace" else None,
-        scopes=tuple(body.scopes) if body.kind == "token" else (),
+        scopes=scopes,
         name=body.name,
         audit_workspace_id=workspace_id,
     )
@@ -266,9 +246,7 @@ async def revoke_key(request: Request, state: AppState) -> Response:
     key_id = str(request.path_params["keyId"])
     store = state.store
     if not any(r["id"] == key_id for r in await store.io(store.keys_of_workspace, workspace_id)):
-        raise ApiError(
-            "NOT_FOUND", "No such key in this workspace", details={"code": "KEY_NOT_FOUND"}
-        )
+        raise KeyNotFound
     await store.io(
         store.revoke_key,
         key_id,

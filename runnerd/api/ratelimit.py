@@ -1,11 +1,13 @@
 """Load limits of the API: a token bucket per API key. (Run admission, the bounded
-concurrency and queue of runs, is in runnerd/govern/governor.py: approved runs pass it too.)"""
+concurrency and queue of runs, is RunGate in runnerd/govern/admission.py: approved runs
+pass it too.)"""
 
 from __future__ import annotations
 
 import time
 
-from runnerd.api.errors import ApiError
+from runnerd.errors import RateLimited
+from runnerd.limits import RATE_LIMIT_IDLE_S, RATE_LIMIT_MAX_KEYS
 
 __all__ = ["RateLimiter"]
 
@@ -25,7 +27,8 @@ class RateLimiter:
         tokens = min(float(self.burst), tokens + (now - updated) * self.per_second)
         if tokens < 1:
             self._buckets[key] = (tokens, now)
-            raise ApiError.rate_limited((1 - tokens) / self.per_second)
+            raise RateLimited((1 - tokens) / self.per_second)
         self._buckets[key] = (tokens - 1, now)
-        if len(self._buckets) > 100_000:  # forget idle keys; they refill to full anyway
-            self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < 60}
+        if len(self._buckets) > RATE_LIMIT_MAX_KEYS:  # forget idle keys; they refill anyway
+            idle = RATE_LIMIT_IDLE_S
+            self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < idle}

@@ -1,9 +1,8 @@
-"""What the daemon holds while it serves: settings, store, run engine, load limits."""
+"""What the daemon holds while it serves: settings, store, run machine, load limits."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from runnerd.api.ratelimit import RateLimiter
 from runnerd.api.sessions import CookieSigner
@@ -11,9 +10,6 @@ from runnerd.config import Settings
 from runnerd.govern.governor import Governor
 from runnerd.run.machine import Machine
 from runnerd.store import Store
-
-if TYPE_CHECKING:
-    from runnerd.mcp.endpoint import McpEndpoint
 
 __all__ = ["AppState"]
 
@@ -26,4 +22,3 @@ class AppState:
     limiter: RateLimiter
     governor: Governor
     cookies: CookieSigner
-    mcp: McpEndpoint | None = None  # the MCP endpoint, to tell its sessions tools changed

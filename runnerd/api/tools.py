@@ -15,55 +15,19 @@ from runnerd.api.bodies import (
     ToolInfo,
     ToolList,
 )
-from runnerd.api.errors import ApiError, from_domain
-from runnerd.api.ops import Op, Param, json_response, read_body
+from runnerd.api.ops import WORKSPACE, Op, Param, json_response, query_param
+from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
-from runnerd.govern.governor import Pending, Principal
-from runnerd.limits import MAX_INPUT_BYTES
+from runnerd.errors import InstallNotFound
+from runnerd.govern.admission import Principal
+from runnerd.govern.results import Pending
+from runnerd.limits import MAX_CALL_BODY_BYTES
 from runnerd.run.pipeline import tool_key
 from runnerd.store import InstallRecord, Store, ToolRecord
 
-__all__ = ["OPS", "int_query", "query_param"]
+__all__ = ["OPS"]
 
-WORKSPACE = Param(
-    "workspaceId", "Workspace the request is authorized against.", required=True, max_length=128
-)
 INSTALL = Param("installId", "Only the tools of this install.", max_length=64)
-# A run body is the input (256 KB) plus a little: anything far larger is refused unread.
-RUN_BODY_LIMIT = MAX_INPUT_BYTES * 2 + 4096
-
-
-def query_param(request: Request, param: Param) -> str | None:
-    value = request.query_params.get(param.name)
-    if value is None:
-        if param.required:
-            raise ApiError(
-                "BAD_REQUEST",
-                f"{param.name} is required",
-                details={"code": "INVALID_QUERY", "field": param.name},
-            )
-        return None
-    if not param.min_length <= len(value) <= param.max_length:
-        raise ApiError(
-            "BAD_REQUEST",
-            f"{param.name} must be {param.min_length} to {param.max_length} characters",
-            details={"code": "INVALID_QUERY", "field": param.name},
-        )
-    return value
-
-
-def int_query(request: Request, name: str, default: int, low: int, high: int) -> int:
-    """An integer query parameter in [low, high]; 400 INVALID_QUERY naming it otherwise."""
-    text = request.query_params.get(name)
-    if text is None:
-        return default
-    if not text.isdigit() or not low <= int(text) <= high:
-        raise ApiError(
-            "BAD_REQUEST",
-            f"{name} is a whole number from {low} to {high}",
-            details={"code": "INVALID_QUERY", "field": name},
-        )
-    return int(text)
 
 
 async def list_tools(request: Request, state: AppState) -> Response:
@@ -76,11 +40,7 @@ async def list_tools(request: Request, state: AppState) -> Response:
     if install_id is not None:
         install = await state.store.io(state.store.get_install, install_id)
         if install is None or install.workspace_id != workspace_id:
-            raise ApiError(
-                "NOT_FOUND",
-                "No such install in this workspace",
-                details={"code": "INSTALL_NOT_FOUND"},
-            )
+            raise InstallNotFound("No such install in this workspace")
     data = [
         _tool_info(install, tool)
         for install, tool in await state.store.io(
@@ -99,43 +59,16 @@ async def _run(
     body: RunBody,
 ) -> Response:
     """Run ``tool_name`` of ``install`` for ``caller``: the common part of both routes.
-    Every refusal after the install is known is audited with its reason."""
-    store = state.store
-    user_id = caller.need_person()
-    key = request.headers.get("idempotency-key")
-    try:
-        await caller.member(store, install.workspace_id, role="member")
-        if key is not None and not 1 <= len(key) <= 255:
-            raise ApiError(
-                "BAD_REQUEST",
-                "Idempotency-Key is 1 to 255 characters",
-                details={"code": "INVALID_IDEMPOTENCY_KEY"},
-            )
-        outcome = await state.governor.call(
-            install,
-            tool_name,
-            body.input,
-            who=Principal(user_id, caller.key.id),
-            surface=body.surface,
-            workflow_run_id=body.workflow_run_id,
-            idempotency_key=key,
-        )
-    except Exception as exc:
-        error = exc if isinstance(exc, ApiError) else from_domain(exc)
-        if error is not None:
-            await store.io(
-                store.audit,
-                "tool.refuse",
-                workspace_id=install.workspace_id,
-                actor_user_id=user_id,
-                actor_key_id=caller.key.id,
-                install_id=install.id,
-                version_id=install.version_id,
-                tool=tool_name,
-                surface=body.surface,
-                reason=(error.details or {}).get("code", error.code),
-            )
-        raise
+    The governor decides (and audits) every refusal; this translates its answer."""
+    outcome = await state.governor.call(
+        install,
+        tool_name,
+        body.input,
+        who=Principal(caller.need_person(), caller.key.id),
+        surface=body.surface,
+        workflow_run_id=body.workflow_run_id,
+        idempotency_key=request.headers.get("idempotency-key"),
+    )
     if isinstance(outcome, Pending):
         return json_response(
             PendingApproval(
@@ -177,8 +110,8 @@ async def run_tool(request: Request, state: AppState) -> Response:
         _visible_install, state.store, request.path_params["installId"], user_id
     )
     if install is None:
-        raise ApiError("NOT_FOUND", "No such install", details={"code": "INSTALL_NOT_FOUND"})
-    body = await read_body(request, RunBody, RUN_BODY_LIMIT, nesting_reason="INVALID_INPUT")
+        raise InstallNotFound
+    body = await read_body(request, RunBody, MAX_CALL_BODY_BYTES, free_form=True)
     return await _run(request, state, caller, install, request.path_params["toolName"], body)
 
 
@@ -191,12 +124,8 @@ async def run_by_reference(request: Request, state: AppState) -> Response:
         state.store.install_of_app, workspace_id, request.path_params["appSlug"]
     )
     if install is None:
-        raise ApiError(
-            "NOT_FOUND",
-            "The workspace has no install of this app",
-            details={"code": "INSTALL_NOT_FOUND"},
-        )
-    body = await read_body(request, RunBody, RUN_BODY_LIMIT, nesting_reason="INVALID_INPUT")
+        raise InstallNotFound("The workspace has no install of this app")
+    body = await read_body(request, RunBody, MAX_CALL_BODY_BYTES, free_form=True)
     return await _run(request, state, caller, install, request.path_params["toolName"], body)
 
 
@@ -205,8 +134,8 @@ def _tool_info(install: InstallRecord, tool: ToolRecord) -> ToolInfo:
         reference=f"{install.app_slug}/{tool.name}",
         name=tool.name,
         description=tool.description,
-        effect=tool.effect,  # type: ignore[arg-type]
-        language=tool.language,  # type: ignore[arg-type]
+        effect=tool.effect,
+        language=tool.language,
         input_schema=tool.input_schema,
         output_schema=tool.output_schema,
         timeout_ms=tool.timeout_ms,
@@ -235,7 +164,7 @@ async def check_tool_input(request: Request, state: AppState) -> Response:
     before it sends, so it can show a refusal next to its field."""
     install, _ = await install_for(request, state, scope="tools:run", role="member")
     tool = await state.governor.tool(install, request.path_params["toolName"])
-    body = await read_body(request, RunBody, RUN_BODY_LIMIT, nesting_reason="INVALID_INPUT")
+    body = await read_body(request, RunBody, MAX_CALL_BODY_BYTES, free_form=True)
     await state.governor.pipeline.check_input(
         tool, body.input, key=tool_key(tool, install.version_id)
     )

@@ -16,10 +16,9 @@ from typing import Any
 
 import re2
 
-__all__ = ["FORMATS", "PatternError", "compile_pattern"]
+from runnerd.limits import MAX_PATTERN_MEMORY
 
-# RE2's own memory budget for one compiled pattern; a larger program is refused.
-MAX_PATTERN_MEMORY = 8 << 20
+__all__ = ["FORMATS", "PatternError", "compile_pattern"]
 
 
 class PatternError(ValueError):

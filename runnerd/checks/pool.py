@@ -23,14 +23,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from runnerd.checks.schemas import compile_schema, schema_cost
+from runnerd.limits import MAX_INLINE_CHECK_WORK, VALIDATOR_CACHE
 
-__all__ = ["INLINE_WORK", "CheckTimedOut", "Checker", "Validators"]
+__all__ = ["CheckTimedOut", "Checker", "Validators"]
 
 T = TypeVar("T")
-# A check whose known bound of work (schema bytes x value bytes) is at most this runs on
-# the event loop: a few milliseconds at worst, and less than a thread's round trip for
-# the typical tool (a schema of 1 KB, a value of a few hundred bytes).
-INLINE_WORK = 400_000
 log = logging.getLogger("runnerd")
 
 
@@ -126,9 +123,9 @@ class Checker:
         """``fn()`` in a checker thread; CheckTimedOut when it outlives the budget (counted
         from now, so a wait for a free checker counts too). Raises what ``fn`` raises.
 
-        ``work``, a known bound on what ``fn`` does, at most INLINE_WORK: ``fn`` runs
-        right here instead, as a thread's round trip would cost more than the check."""
-        if work is not None and work <= INLINE_WORK:
+        ``work``, a known bound on what ``fn`` does, at most MAX_INLINE_CHECK_WORK: ``fn``
+        runs right here instead, as a thread's round trip would cost more than the check."""
+        if work is not None and work <= MAX_INLINE_CHECK_WORK:
             return fn()
         job = _Job(fn, asyncio.get_running_loop())
         self._jobs.put(job)
@@ -152,7 +149,7 @@ class Validators:
     """Compiled schema validators per (tool key, input|output), LRU-bounded, each with
     its schema_cost; safe to use from several checker threads."""
 
-    def __init__(self, capacity: int = 2048) -> None:
+    def __init__(self, capacity: int = VALIDATOR_CACHE) -> None:
         self.capacity = capacity
         self._cache: OrderedDict[tuple[str, str], tuple[Callable[[Any], Any], int | None]] = (
             OrderedDict()

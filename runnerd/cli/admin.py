@@ -1,5 +1,5 @@
-"""Local CLI commands on the data dir: ``serve``, ``openapi``, ``admin`` (people, roles,
-keys, secrets key rotation), ``ledger export`` and ``audit verify``."""
+"""Local CLI commands on the data dir: ``service install``, ``openapi``, ``admin``
+(people, roles, keys, secrets key rotation), ``ledger export`` and ``audit verify``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runnerd.cli.output import output, settings_from_args
+from runnerd.errors import BackupError
 from runnerd.roles import ROLES, SCOPES
 from runnerd.store import DB_FILENAME, Store
 
@@ -19,23 +20,6 @@ if TYPE_CHECKING:
     from runnerd.config import Settings
 
 __all__ = ["register_admin"]
-
-
-# --- serve ------------------------------------------------------------------------------------
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from runnerd.daemon.app import create_app
-    from runnerd.daemon.server import serve
-    from runnerd.logs import configure as configure_logs
-
-    settings = settings_from_args(args, host=args.host, port=args.port)
-    configure_logs(settings.log_level, settings.log_format)
-    # Checks run in threads (runnerd.checks.pool); the event loop takes the GIL back from a
-    # busy one within 1 ms instead of the default 5, so requests keep their latency.
-    sys.setswitchinterval(0.001)
-    serve(create_app(settings), settings)
-    return 0
 
 
 def cmd_service_install(args: argparse.Namespace) -> int:
@@ -207,7 +191,7 @@ def cmd_workspace_key(args: argparse.Namespace) -> int:
 def cmd_login_link(args: argparse.Namespace) -> int:
     """A one-time sign-in link for the Manage page (good once, for 10 minutes). The token
     is in the URL's fragment, which browsers never send: no server or proxy logs it."""
-    from runnerd.api.people import LOGIN_LINK_TTL_S
+    from runnerd.limits import LOGIN_LINK_TTL_S
 
     settings = settings_from_args(args)
     store = Store.open(settings)
@@ -352,7 +336,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
         print("runnerd: copy needs a target: --to URL, or the database_url setting",
               file=sys.stderr)  # fmt: skip
         return 2
-    from runnerd.store.audit import audit_key_of
+    from runnerd.store.audit_key import audit_key_of
 
     # Both chained under this data dir's audit key: the copy verifies as the source did.
     key, folder = audit_key_of(settings), settings.data_dir
@@ -384,7 +368,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    from runnerd.store.backup import BackupError, backup
+    from runnerd.store.backup import backup
 
     settings = settings_from_args(args)
     if not _sqlite_only(settings, "backup"):
@@ -407,7 +391,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from runnerd.store.backup import BackupError, restore
+    from runnerd.store.backup import restore
 
     settings = settings_from_args(args)
     if not _sqlite_only(settings, "restore"):
@@ -466,7 +450,7 @@ def cmd_rotate_key(args: argparse.Namespace) -> int:
 def register_admin(
     groups: Any, common: argparse.ArgumentParser, group_parser: Callable[..., Any]
 ) -> None:
-    """Add serve, openapi, admin, ledger and audit to the CLI's parser."""
+    """Add service, openapi, admin, ledger and audit to the CLI's parser."""
     service = groups.add_parser("service", help="install runnerd as a systemd service")
     service_commands = service.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = service_commands.add_parser(
@@ -476,10 +460,6 @@ def register_admin(
     p.add_argument("--bootstrap-email", help="also create the first workspace and its admin")
     p.add_argument("--workspace", default="Default", help="the first workspace's name")
     p.set_defaults(func=cmd_service_install)
-    serve = groups.add_parser("serve", parents=[common], help="run the daemon")
-    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="listen port (default 8686)")
-    serve.set_defaults(func=cmd_serve)
     groups.add_parser("openapi", parents=[common], help="print the OpenAPI document").set_defaults(
         func=cmd_openapi
     )

@@ -39,10 +39,11 @@ import msgspec
 
 import runnerd
 from runnerd.config import Settings
+from runnerd.model import Tool
 from runnerd.run.machine import Machine, build_machine
 from runnerd.run.runtimes import clean_env
 from runnerd.store import Store
-from runnerd.upload.bundle import Tool, load_bundle
+from runnerd.upload.bundle import load_bundle
 
 __all__ = ["Bench", "bare_jail", "bench_tool", "run_bench"]
 
@@ -50,7 +51,7 @@ PY_TOOL = "def run(input):\n    return {'n': input.get('n', 0)}\n"
 JS_TOOL = "export function run(input) { return { n: input.n ?? 0 } }\n"
 TS_TOOL = "export function run(input: { n?: number }) {\n  return { n: input.n ?? 0 }\n}\n"
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}}
-CLIENTS = 8  # concurrent clients: the daemon's default admission (max_concurrent_runs)
+CLIENTS = Settings().max_concurrent_runs  # concurrent clients: the default admission
 BURST = 50  # simultaneous calls after an idle spell
 COLD_PAUSE_S = 0.05  # between cold runs
 

@@ -11,16 +11,16 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from ruamel.yaml.error import YAMLError
 
-from runnerd.cli.http import ApiClient, ApiFailure
+from runnerd.cli.http import ApiClient
 from runnerd.cli.output import egress_lines, line_printer, output, printable, read_input
-from runnerd.errors import BundleRejected
+from runnerd.errors import ApiFailure, BundleRejected, InputRejected
 from runnerd.limits import MANIFEST_NAME
-from runnerd.run.pipeline import InputRejected
-from runnerd.upload.bundle import read_app_dir, read_manifest
+from runnerd.model import Surface
+from runnerd.upload.walk import read_app_dir, read_manifest
 from runnerd.upload.yamlfile import load_yaml
 
 __all__ = ["register_client"]
@@ -472,7 +472,7 @@ def register_client(
     p.add_argument(
         "--surface",
         default="cli",
-        choices=("app", "chat", "relay", "workflow", "api", "cli", "test"),
+        choices=get_args(Surface),
     )
     p.set_defaults(func=_client_command(cmd_tools_run))
     p = tools.add_parser(

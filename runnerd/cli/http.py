@@ -8,25 +8,16 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from runnerd.errors import RunnerdError
+from runnerd.errors import ApiFailure
+from runnerd.limits import MAX_CALL_WAIT_S
 
-__all__ = ["ApiClient", "ApiFailure"]
-
-
-class ApiFailure(RunnerdError):
-    """The daemon answered with an error envelope, or could not be reached."""
-
-    def __init__(
-        self, status: int, code: str, message: str, details: dict[str, Any] | None = None
-    ) -> None:
-        self.status = status
-        self.code = code
-        self.details = details or {}
-        super().__init__(message)
+__all__ = ["ApiClient"]
 
 
 class ApiClient:
-    def __init__(self, base_url: str, api_key: str | None, *, timeout: float = 330) -> None:
+    def __init__(
+        self, base_url: str, api_key: str | None, *, timeout: float = MAX_CALL_WAIT_S
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout

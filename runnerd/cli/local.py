@@ -20,16 +20,25 @@ import msgspec
 from runnerd import egress
 from runnerd.cli.output import egress_lines, printable, read_input
 from runnerd.config import Settings, load_settings
-from runnerd.errors import BundleRejected, Problem
+from runnerd.errors import (
+    BundleRejected,
+    EnvBuildFailed,
+    InputRejected,
+    InvalidSecretName,
+    InvalidSecretValue,
+    SandboxUnavailable,
+    ToolchainError,
+)
+from runnerd.govern.secrets import check_secret_name, check_secret_value
 from runnerd.limits import MANIFEST_NAME, MIN_NODE_MAJOR, TOOL_SUFFIX
-from runnerd.run.jail import SandboxUnavailable
+from runnerd.model import Bundle, Problem, Tool
 from runnerd.run.machine import Machine, build_machine
-from runnerd.run.package_envs import EnvBuildFailed
-from runnerd.run.pipeline import InputRejected, RunResult
 from runnerd.run.runtimes import find_node, npm_cli
-from runnerd.run.toolchain import Toolchain, ToolchainError
+from runnerd.run.toolchain import Toolchain
+from runnerd.run.verdict import RunResult
 from runnerd.store import Store
-from runnerd.upload.bundle import Bundle, Tool, load_bundle, read_app_dir, read_tool_files
+from runnerd.upload.bundle import load_bundle
+from runnerd.upload.walk import read_app_dir, read_tool_files
 
 __all__ = ["register_local"]
 
@@ -142,6 +151,9 @@ def _local_tool_files(path: Path) -> tuple[Path, dict[str, bytes]]:
 
 
 def _secrets(pairs: list[str]) -> dict[str, str]:
+    """The run's secrets from ``--secret NAME=VALUE`` (or ``NAME``, read from the
+    environment), under the daemon's rules for secrets: a name or value it would refuse
+    is refused here too (ValueError), with its reason. No value is ever in a message."""
     found: dict[str, str] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
@@ -149,7 +161,10 @@ def _secrets(pairs: list[str]) -> dict[str, str]:
             if name not in os.environ:
                 raise ValueError(f"--secret {name}: no environment variable {name} to read")
             value = os.environ[name]
-        found[name] = value
+        try:
+            found[check_secret_name(name)] = check_secret_value(value)
+        except (InvalidSecretName, InvalidSecretValue) as exc:
+            raise ValueError(f"--secret {name}: refused ({exc.reason}): {exc}") from None
     return found
 
 

@@ -18,9 +18,8 @@ from runnerd import __version__
 from runnerd.cli.admin import register_admin
 from runnerd.cli.client import register_client
 from runnerd.cli.local import register_local
-from runnerd.config import ConfigError
-from runnerd.errors import DatabaseUnavailable
-from runnerd.store.core import StoreUnavailable
+from runnerd.cli.serve import register_serve
+from runnerd.errors import ConfigError, DatabaseUnavailable, SandboxUnavailable, StoreUnavailable
 
 __all__ = ["main"]
 
@@ -49,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
             dest="command", required=True, metavar="COMMAND"
         )
 
+    register_serve(groups, common)
     register_admin(groups, common, group_parser)
     register_client(groups, common, app, group_parser)
     mcp = groups.add_parser(
@@ -78,7 +78,6 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     from runnerd.cli.bench import run_bench
     from runnerd.cli.output import settings_from_args
-    from runnerd.run.jail import SandboxUnavailable
 
     settings = settings_from_args(args)
     say = (lambda _: None) if args.json else (lambda text: print(f"... {text}", file=sys.stderr))

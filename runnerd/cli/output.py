@@ -15,8 +15,8 @@ import msgspec
 
 from runnerd.checks.nesting import nesting_over
 from runnerd.config import Settings, load_settings
+from runnerd.errors import InvalidInput
 from runnerd.limits import MAX_JSON_DEPTH
-from runnerd.run.pipeline import InputRejected
 
 __all__ = [
     "egress_lines",
@@ -86,9 +86,7 @@ def read_input(text: str) -> Any:
     elif text.startswith("@"):
         text = Path(text[1:]).read_text()
     if nesting_over(text, MAX_JSON_DEPTH) is not None:
-        raise InputRejected(
-            "INVALID_INPUT", f"input is nested deeper than {MAX_JSON_DEPTH} levels, the limit"
-        )
+        raise InvalidInput(f"input is nested deeper than {MAX_JSON_DEPTH} levels, the limit")
     return json.loads(text)
 
 

@@ -12,8 +12,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from runnerd.api.auth import bearer_or_key
-from runnerd.api.errors import ApiError, error_response
+from runnerd.api.errors import envelope, error_response
 from runnerd.api.state import AppState
+from runnerd.errors import InsufficientRole, RunnerdError, Unauthenticated
 from runnerd.metrics import METRICS
 
 __all__ = ["metrics", "watch"]
@@ -25,7 +26,7 @@ def watch(state: AppState) -> None:
     """The gauges read at each scrape."""
     METRICS.read(METRICS.running, lambda: len(state.governor.running))
     METRICS.read(METRICS.queued, lambda: state.governor.gate.waiting)
-    METRICS.read(METRICS.warm, lambda: state.machine.sandbox.waiting)
+    METRICS.read(METRICS.warm, lambda: state.machine.sandbox.warm_pool.waiting)
     METRICS.read(METRICS.approvals, lambda: state.store.pending_approvals())
 
 
@@ -35,15 +36,13 @@ async def metrics(request: Request) -> Response:
     try:
         key = await state.store.io(state.store.find_key, plaintext) if plaintext else None
         if key is None:
-            raise ApiError("UNAUTHORIZED", "Send an admin's API key as a Bearer token")
+            raise Unauthenticated("Send an admin's API key as a Bearer token")
         if key.user_id is None or not await state.store.io(
             state.store.is_admin_anywhere, key.user_id
         ):
-            raise ApiError.forbidden(
-                "INSUFFICIENT_WORKSPACE_ROLE", "metrics are for admins of a workspace"
-            )
+            raise InsufficientRole("metrics are for admins of a workspace")
         state.limiter.take(key.id)
-    except ApiError as exc:
-        return error_response(exc)
+    except RunnerdError as exc:
+        return error_response(envelope(exc))
     # The gauges read the store (pending approvals): off the event loop on PostgreSQL.
     return Response(await state.store.io(METRICS.exposition), media_type=CONTENT_TYPE)

@@ -21,25 +21,20 @@ from types import FrameType
 import uvicorn
 from starlette.applications import Starlette
 
-from runnerd.api.connections import ConnectionLimits, protocol_class
 from runnerd.config import Settings
+from runnerd.daemon.connections import ConnectionLimits, protocol_class
+from runnerd.limits import (
+    ACCEPT_BATCH,
+    FILES_PER_EGRESS_CONNECTION,
+    FILES_PER_JAIL,
+    LISTEN_BACKLOG,
+    OPEN_FILES,
+    SPARE_FILES,
+)
 
 __all__ = ["raise_open_files", "sd_notify", "serve"]
 
 log = logging.getLogger("runnerd")
-
-# The open-file limit the daemon raises its soft limit to (never past the hard limit):
-# each HTTP connection, each jail (4 pipes), each egress connection (2) and the store
-# hold descriptors; 1024, a common default, ran out at 1,000 connections. Not higher:
-# children (nsjail, node) inherit it, and some close every descriptor up to it.
-OPEN_FILES = 65_536
-# asyncio accepts up to `backlog` connections at each wake of the port, and sets each one
-# up before anything else runs: with 2,048, a flood of 1,500 connections held kept-alive
-# /healthz answers up to 110-165 ms, with 64 up to 45-80 ms. So asyncio gets the small
-# batch, and the kernel's queue of connections not yet accepted is made long again after
-# (the kernel caps it at net.core.somaxconn).
-ACCEPT_BATCH = 64
-LISTEN_BACKLOG = 2048
 
 
 def sd_notify(message: str) -> bool:
@@ -116,7 +111,8 @@ def raise_open_files(settings: Settings) -> int:
     else:
         log.info("open files: limit %d (hard limit %d)", soft, hard)
     runs = settings.max_concurrent_runs + settings.warm_jails * 2
-    needed = settings.http_max_connections + 256 + runs * (4 + 2 * settings.egress_max_connections)
+    per_run = FILES_PER_JAIL + FILES_PER_EGRESS_CONNECTION * settings.egress_max_connections
+    needed = settings.http_max_connections + SPARE_FILES + runs * per_run
     if soft != resource.RLIM_INFINITY and soft < needed:
         log.warning(
             "open files: the limit %d is below the %d the settings may use "
@@ -144,7 +140,7 @@ def serve(app: Starlette, settings: Settings) -> None:
         # Measured (docs/BENCHMARKS.md): httptools parses a request ~0.1 ms faster than h11;
         # uvloop made calls slower (its child processes), so never pick it up by chance.
         # Its httptools protocol with a deadline for request heads and bodies and caps on
-        # connections (runnerd/api/connections.py). Not uvicorn's limit_concurrency: it
+        # connections (runnerd/daemon/connections.py). Not uvicorn's limit_concurrency: it
         # answers every request 503 past N connections, /healthz too, so slow clients
         # would shut everyone out. Its keep-alive timeout (5 s) stays.
         http=protocol_class(limits),

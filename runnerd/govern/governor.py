@@ -1,7 +1,9 @@
 """A call of an installed tool, with everything an organisation needs around the run:
-budget admission, approvals for writes, idempotency, secrets, metering and audit.
+who may run it, budget admission, approvals for writes, idempotency, secrets, metering,
+and the audit of runs and of refusals. Every surface (the API, the Manage page through
+it, MCP) calls ``Governor.call`` and adds nothing but translation.
 
-HTTP-agnostic: it raises domain errors and returns results; the API maps both.
+HTTP-agnostic: it raises domain errors and returns results; the surfaces map both.
 Inputs, outputs and secret values stay in memory: the store gets hashes, names, ids,
 statuses and durations only.
 """
@@ -10,74 +12,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from runnerd.config import Settings
-from runnerd.errors import BudgetExhausted, DatabaseUnavailable, RunnerdError
+from runnerd.errors import DatabaseUnavailable, RunnerdError, SandboxUnavailable, ToolNotFound
+from runnerd.govern.admission import Principal, RunGate, require_runner
+from runnerd.govern.approvals import Approvals, Held
+from runnerd.govern.idempotency import IdempotencyKeys, check_key, request_hash
+from runnerd.govern.results import CallResult, Pending, ResultCache
+from runnerd.ids import new_id
+from runnerd.limits import MAX_CALL_WAIT_S
 from runnerd.metrics import METRICS
-from runnerd.roles import ROLE_RANK
-from runnerd.run.jail import JailEnd, SandboxUnavailable
-from runnerd.run.pipeline import CheckedInput, Pipeline, RunResult, tool_key
-from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord, new_id
+from runnerd.model import RunEnd, Surface
+from runnerd.run.jail import JailEnd
+from runnerd.run.pipeline import CheckedInput, Pipeline, tool_key
+from runnerd.run.verdict import RunResult
+from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord
 from runnerd.vault import Vault
 
 log = logging.getLogger("runnerd")
 
-__all__ = [
-    "ApprovalUnavailable",
-    "CallResult",
-    "Governor",
-    "IdempotencyConflict",
-    "Pending",
-    "RunGate",
-    "RunQueueFull",
-    "Stopping",
-    "ToolNotFound",
-]
-
-# Surfaces whose write calls wait for a person's approval: chat asks the person, a relay
-# waits under its rules.
-APPROVAL_SURFACES = ("chat", "relay")
-
-
-class ToolNotFound(RunnerdError):
-    """The installed version has no tool of that name."""
-
-    reason, status = "TOOL_NOT_FOUND", 404
-
-
-class IdempotencyConflict(RunnerdError):
-    """The Idempotency-Key was first used with another request."""
-
-    reason, status = "IDEMPOTENCY_KEY_REUSED", 409
-
-
-class RunQueueFull(RunnerdError):
-    """More runs are waiting than the queue holds; try again shortly."""
-
-    reason, status, retry_after_s = "RUN_QUEUE_FULL", 503, 1
-
-
-class Stopping(RunnerdError):
-    """The daemon is stopping: it admits no new run; another node (or this one, once
-    restarted) will."""
-
-    reason, status, retry_after_s = "RUNNERD_STOPPING", 503, 5
+__all__ = ["Governor"]
 
 
 def _count_run(
     install: InstallRecord,
     tool: str,
-    surface: str,
-    status: str,
+    surface: Surface,
+    status: RunEnd,
     duration_ms: int,
     egress: list[dict[str, Any]] | None,
 ) -> None:
@@ -92,170 +58,70 @@ class Interrupted(Exception):
     """A run ended by the daemon's stop (its rows are ended already)."""
 
 
-class RunGate:
-    """At most ``concurrent`` runs at once and ``queued`` waiting; past that, calls are
-    refused at once (RunQueueFull): never an unbounded pile-up. Once ``closing`` (the
-    daemon is stopping), no new run is admitted (Stopping).
-
-    A run holds its slot until its jail is gone, not until its answer: the live jails
-    serving calls are what the bound counts (waiting warm jails serve none)."""
-
-    def __init__(self, concurrent: int, queued: int) -> None:
-        self._slots = asyncio.Semaphore(concurrent)
-        self.queued = queued
-        self.waiting = 0
-        self.closing = False
-
-    @contextlib.asynccontextmanager
-    async def admit(self, *, must_wait: bool = False) -> AsyncIterator[JailEnd]:
-        """A run slot, for ``Pipeline.run(on_end=...)``: the sandbox that takes it gives it
-        back once the run's jail is gone; one no sandbox took is given back when the
-        block ends. ``must_wait`` queues even past the bound (an approved run, whose
-        row already exists, is never refused)."""
-        if self.closing and not must_wait:
-            raise Stopping("runnerd is stopping and admits no new run; try again shortly")
-        if not must_wait and self._slots.locked() and self.waiting >= self.queued:
-            raise RunQueueFull("too many runs are waiting; try again shortly")
-        self.waiting += 1
-        try:
-            await self._slots.acquire()
-        finally:
-            self.waiting -= 1
-        slot = JailEnd(self._slots.release)
-        try:
-            yield slot
-        finally:
-            if not slot.taken:
-                slot()
-
-
-_APPROVAL_STATUS = {"APPROVAL_NOT_FOUND": 404, "NOT_AN_APPROVER": 403}
-
-
-class ApprovalUnavailable(RunnerdError):
-    """An approval that cannot be decided or run (not pending, expired, not yours...)."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        self.reason = reason
-        # A reason not listed is a conflict with the approval's state.
-        self.status = _APPROVAL_STATUS.get(reason, 409)
-        super().__init__(message)
-
-
-@dataclass(frozen=True)
-class CallResult:
-    run_id: str
-    status: str
-    output: Any
-    error: str | None
-    duration_ms: int
-
-
-@dataclass(frozen=True)
-class Pending:
-    approval_id: str
-    expires_at: str
-
-
-@dataclass(frozen=True)
-class Principal:
-    """The person a call is for, and the key they used (for the audit)."""
-
-    user_id: str
-    key_id: str | None = None
-
-
-def request_hash(install_id: str, version_id: str, tool: str, value: Any) -> str:
-    """What approvals and idempotency keys are bound to: never the input itself."""
-    digest = hashlib.sha256()
-    digest.update(f"{install_id}\0{version_id}\0{tool}\0".encode())
-    digest.update(msgspec.json.encode(value, order="sorted"))
-    return digest.hexdigest()
-
-
-class ResultCache:
-    """Finished results in memory for a while (GET /runs/{id}, idempotent replays),
-    bounded in bytes; never written anywhere."""
-
-    def __init__(self, max_bytes: int, ttl_s: float) -> None:
-        self.max_bytes = max_bytes
-        self.ttl_s = ttl_s
-        self._items: OrderedDict[str, tuple[float, int, CallResult]] = OrderedDict()
-        self._bytes = 0
-
-    def put(self, result: CallResult) -> None:
-        size = len(msgspec.json.encode(result.output)) + len(result.error or "") + 256
-        if size > self.max_bytes:
-            return
-        self._items[result.run_id] = (time.monotonic(), size, result)
-        self._bytes += size
-        while self._bytes > self.max_bytes or (
-            self._items and time.monotonic() - next(iter(self._items.values()))[0] > self.ttl_s
-        ):
-            _, (_, old_size, _) = self._items.popitem(last=False)
-            self._bytes -= old_size
-
-    def get(self, run_id: str) -> CallResult | None:
-        found = self._items.get(run_id)
-        if found is None or time.monotonic() - found[0] > self.ttl_s:
-            return None
-        return found[2]
-
-
-@dataclass
-class _Held:
-    """A write call waiting for approval: its input lives only here, in memory."""
-
-    value: Any
-    checked: CheckedInput  # checked once, when the call was made
-    who: Principal
-    workflow_run_id: str | None
-
-
 @dataclass
 class Governor:
+    """The governed call of every surface, and what outlives one call: the run slots,
+    the approvals pending, the idempotency keys, the results in memory, the runs going."""
+
     store: Store
     pipeline: Pipeline
     vault: Vault
     gate: RunGate
-    approval_ttl_s: int
-    idempotency_ttl_s: int
+    approvals: Approvals
+    idempotency: IdempotencyKeys
     results: ResultCache
-    _held: dict[str, _Held] = field(default_factory=dict)
     _running: dict[str, asyncio.Future[CallResult]] = field(default_factory=dict)
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)  # runs still going end
     # Ends of runs the database did not take (PostgreSQL away): written when it is back.
     _unfinished: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _tools_changed: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     @classmethod
     def from_settings(
         cls, settings: Settings, *, store: Store, pipeline: Pipeline, vault: Vault
     ) -> Governor:
+        """A governor with the limits and times ``settings`` name."""
         return cls(
             store=store,
             pipeline=pipeline,
             vault=vault,
             gate=RunGate(settings.max_concurrent_runs, settings.max_queued_runs),
-            approval_ttl_s=settings.approval_ttl_s,
-            idempotency_ttl_s=settings.idempotency_ttl_s,
+            approvals=Approvals(store, settings.approval_ttl_s),
+            idempotency=IdempotencyKeys(store, settings.idempotency_ttl_s),
             results=ResultCache(
                 settings.result_cache_mb << 20,
                 max(settings.approval_ttl_s, settings.idempotency_ttl_s),
             ),
         )
 
+    # --- what the surfaces hear -------------------------------------------------------------
+
+    def on_tools_changed(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Have ``callback`` awaited whenever the tools an install offers change (an
+        install, a switch, a rollback): how MCP tells its sessions, without the API
+        knowing MCP."""
+        self._tools_changed.append(callback)
+
+    async def tools_changed(self) -> None:
+        """Tell every surface that registered (``on_tools_changed``) that tools changed."""
+        for callback in self._tools_changed:
+            await callback()
+
     # --- the call ---------------------------------------------------------------------------
 
     async def tool(
         self, install: InstallRecord, name: str, version_id: str | None = None
     ) -> ToolRecord:
+        """The tool ``name`` of the install's version (or of ``version_id``); ToolNotFound
+        when that version has none."""
         tool = await self.store.io(self.store.get_tool, version_id or install.version_id, name)
         if tool is None:
             raise ToolNotFound(f"the installed version has no tool {name!r}")
         return tool
 
     async def secrets_of(self, install_id: str) -> dict[str, str]:
+        """The install's secrets, opened: for a run's jail only, never stored or logged."""
         return {
             name: self.vault.open(iid, name, kid, nonce, ct)
             for iid, name, kid, nonce, ct in await self.store.io(
@@ -270,38 +136,76 @@ class Governor:
         value: Any,
         *,
         who: Principal,
-        surface: str,
+        surface: Surface,
         workflow_run_id: str | None = None,
         idempotency_key: str | None = None,
     ) -> CallResult | Pending:
-        """Check, then run (or hold for approval). Raises ToolNotFound, InputRejected,
-        BudgetExhausted or IdempotencyConflict before any sandbox starts."""
+        """Check, then run (or hold for approval). Raises InsufficientRole (the person may
+        not run tools in the install's workspace), InvalidIdempotencyKey, ToolNotFound,
+        InputRejected, BudgetExhausted or IdempotencyConflict before any sandbox starts.
+        Every refusal (an error with a wire reason) is audited as ``tool.refuse`` with
+        its reason and ``surface``, whichever surface made the call."""
+        try:
+            await require_runner(self.store, install.workspace_id, who.user_id)
+            if idempotency_key is not None:
+                check_key(idempotency_key)
+            return await self._call(
+                install,
+                tool_name,
+                value,
+                who=who,
+                surface=surface,
+                workflow_run_id=workflow_run_id,
+                idempotency_key=idempotency_key,
+            )
+        except RunnerdError as exc:
+            if exc.reason is not None:
+                await self.store.io(
+                    self.store.audit,
+                    "tool.refuse",
+                    workspace_id=install.workspace_id,
+                    actor_user_id=who.user_id,
+                    actor_key_id=who.key_id,
+                    install_id=install.id,
+                    version_id=install.version_id,
+                    tool=tool_name,
+                    surface=surface,
+                    reason=exc.reason,
+                )
+            raise
+
+    async def _call(
+        self,
+        install: InstallRecord,
+        tool_name: str,
+        value: Any,
+        *,
+        who: Principal,
+        surface: Surface,
+        workflow_run_id: str | None,
+        idempotency_key: str | None,
+    ) -> CallResult | Pending:
         version_id = install.version_id  # resolved once: a later switch does not touch it
         tool = await self.tool(install, tool_name, version_id)
         checked = await self.pipeline.check_input(tool, value, key=tool_key(tool, version_id))
         fingerprint = request_hash(install.id, version_id, tool.name, value)
         if idempotency_key is not None:
-            replay = await self._replay(who, idempotency_key, fingerprint)
+            replay = await self.idempotency.replay(who, idempotency_key, fingerprint, self.outcome)
             if replay is not None:
                 return replay
         try:
-            if tool.effect == "write" and surface in APPROVAL_SURFACES:
-                await self._require_budget(install.id)  # no one should approve what cannot run
-                approval = await self.store.io(
-                    self.store.create_approval,
-                    workspace_id=install.workspace_id,
-                    install_id=install.id,
+            if self.approvals.needed(tool, surface):
+                pending = await self.approvals.hold(
+                    install,
+                    tool,
                     version_id=version_id,
-                    tool=tool.name,
-                    input_hash=fingerprint,
+                    fingerprint=fingerprint,
                     surface=surface,
-                    requested_by=who.user_id,
-                    ttl_s=self.approval_ttl_s,
+                    held=Held(value, checked, who, workflow_run_id),
                 )
-                self._held[approval.id] = _Held(value, checked, who, workflow_run_id)
                 if idempotency_key is not None:
-                    await self._release(who, idempotency_key)
-                return Pending(approval.id, approval.expires_at)
+                    await self.idempotency.release(who, idempotency_key)
+                return pending
             result = await self._run(
                 install,
                 tool,
@@ -315,7 +219,7 @@ class Governor:
             )
         except BaseException:
             if idempotency_key is not None:
-                await self._release(who, idempotency_key)
+                await self.idempotency.release(who, idempotency_key)
             raise
         return result
 
@@ -326,7 +230,7 @@ class Governor:
         value: Any,
         *,
         who: Principal,
-        surface: str,
+        surface: Surface,
         version_id: str,
         workflow_run_id: str | None,
         checked: CheckedInput,
@@ -342,15 +246,12 @@ class Governor:
                 run_id, install, tool, value, version_id, who.key_id, checked, surface, slot
             )
 
-    async def _release(self, who: Principal, key: str) -> None:
-        await self.store.io(self.store.release_idempotency_key, who.user_id, key)
-
     async def _start_run(
         self,
         install: InstallRecord,
         tool: ToolRecord,
         who: Principal,
-        surface: str,
+        surface: Surface,
         version_id: str,
         workflow_run_id: str | None,
         approval_id: str | None = None,
@@ -389,7 +290,7 @@ class Governor:
         version_id: str,
         key_id: str | None,
         checked: CheckedInput,
-        surface: str,
+        surface: Surface,
         slot: JailEnd | None = None,
     ) -> CallResult:
         """Run an admitted run in its jail and end it (row, ledger, audit, budget in one
@@ -469,29 +370,6 @@ class Governor:
             del self._unfinished[run_id]
         return len(self._unfinished)
 
-    async def _replay(self, who: Principal, key: str, fingerprint: str) -> CallResult | None:
-        """The first run's result for a repeated key, or None (the key is now claimed)."""
-        claim = self.store.claim_idempotency_key
-        found = await self.store.io(claim, who.user_id, key, fingerprint, self.idempotency_ttl_s)
-        if found is None:
-            return None
-        first_hash, run_id = found
-        if first_hash != fingerprint:
-            raise IdempotencyConflict(
-                "this Idempotency-Key was already used with a different request"
-            )
-        deadline = time.monotonic() + 330
-        while run_id is None and time.monotonic() < deadline:  # the first call is starting
-            await asyncio.sleep(0.02)
-            again = await self.store.io(
-                claim, who.user_id, key, fingerprint, self.idempotency_ttl_s
-            )
-            run_id = again[1] if again else None
-            if again is None:  # the first call was refused and released the key
-                return None
-        assert run_id is not None
-        return await self.outcome(run_id)
-
     @property
     def running(self) -> list[str]:
         """The runs in their jails now."""
@@ -521,7 +399,7 @@ class Governor:
     async def outcome(self, run_id: str) -> CallResult:
         """A run's result: awaited while it runs, from memory or its record after. A run
         just admitted (an approved one starts in a task) is waited for too."""
-        deadline = time.monotonic() + 330
+        deadline = time.monotonic() + MAX_CALL_WAIT_S
         while True:
             running = self._running.get(run_id)
             if running is not None:
@@ -543,71 +421,12 @@ class Governor:
 
     # --- approvals --------------------------------------------------------------------------
 
-    async def may_decide(self, approval: ApprovalRow, user_id: str) -> bool:
-        """From chat, the person who asked decides; from a relay, an approver (or admin)."""
-        if approval.surface == "chat":
-            return approval.requested_by == user_id
-        member = await self.store.io(self.store.membership, approval.workspace_id, user_id)
-        return member is not None and (member.approver or member.role == "admin")
-
-    async def _require_budget(self, install_id: str) -> None:
-        """BudgetExhausted if the install's month is spent (counting reservations)."""
-        budget = await self.store.io(self.store.budget, install_id)
-        if budget.monthly_ms is not None and (
-            budget.used_ms + budget.reserved_ms >= budget.monthly_ms
-        ):
-            raise BudgetExhausted(install_id, budget.resets_at)
-
     async def decide(self, approval_id: str, *, approve: bool, who: Principal) -> ApprovalRow:
-        """Approve (which releases exactly one run, started now) or deny an approval."""
-        approval = await self.store.io(self.store.get_approval, approval_id)
-        if approval is None:
-            raise ApprovalUnavailable("APPROVAL_NOT_FOUND", "no such approval")
-        if not await self.may_decide(approval, who.user_id):
-            raise ApprovalUnavailable(
-                "NOT_AN_APPROVER",
-                "from chat only the person who asked decides; from a relay, an approver",
-            )
-        if approve and approval.status == "pending":
-            # Refuse before deciding, so the approval stays pending for a later try.
-            if approval_id not in self._held:
-                raise ApprovalUnavailable(
-                    "APPROVAL_REQUEST_LOST",
-                    "the daemon restarted since the call was made, and calls waiting for "
-                    "approval are kept in memory only: make the call again",
-                )
-            await self._require_budget(approval.install_id)
-            # The run is the asker's: it runs only while they may still run tools there (a
-            # person demoted or removed while the call waited gets nothing run for them).
-            asker = await self.store.io(
-                self.store.membership, approval.workspace_id, approval.requested_by
-            )
-            if (
-                asker is None
-                or ROLE_RANK[asker.role] < ROLE_RANK["member"]
-                or not asker.apps_access
-            ):
-                raise ApprovalUnavailable(
-                    "ASKER_NO_LONGER_ALLOWED",
-                    "the person who made this call may no longer run tools in this "
-                    "workspace; deny it, or let it expire",
-                )
-        decided = await self.store.io(
-            self.store.decide_approval,
-            approval_id,
-            approve=approve,
-            user_id=who.user_id,
-            key_id=who.key_id,
-        )
-        if decided is None:
-            current = await self.store.io(self.store.get_approval, approval_id)
-            status = current.status if current else "missing"
-            raise ApprovalUnavailable("APPROVAL_NOT_PENDING", f"the approval is {status}")
-        held = self._held.pop(approval_id, None)
-        if not approve:
+        """Approve (which releases exactly one run, started now) or deny an approval
+        (Approvals.decide says when it cannot be)."""
+        decided, held = await self.approvals.decide(approval_id, approve=approve, who=who)
+        if held is None:
             return decided
-        if held is None:  # only the winner of two racing approvals finds the input
-            raise ApprovalUnavailable("APPROVAL_NOT_PENDING", "the approval was just decided")
         install = await self.store.io(self.store.get_install, decided.install_id)
         assert install is not None
         tool = await self.tool(install, decided.tool, decided.version_id)
@@ -632,7 +451,7 @@ class Governor:
         run_id: str,
         install: InstallRecord,
         tool: ToolRecord,
-        held: _Held,
+        held: Held,
         approval: ApprovalRow,
     ) -> None:
         # Nobody awaits this run: its failure to start is recorded on its row, not raised.
@@ -649,13 +468,6 @@ class Governor:
                     approval.surface,
                     slot,
                 )
-
-    async def expire(self) -> list[str]:
-        """Expire approvals past their time, and forget their held inputs."""
-        expired = await self.store.io(self.store.expire_approvals)
-        for approval_id in expired:
-            self._held.pop(approval_id, None)
-        return expired
 
     async def drain(self, timeout: float) -> None:
         """Wait for approved runs still going (at shutdown)."""

@@ -21,21 +21,17 @@ import msgspec
 from starlette.datastructures import Headers
 from starlette.types import Message, Receive, Scope, Send
 
-from runnerd.api.errors import ApiError, error_response
-from runnerd.api.ops import DECODE_INLINE_BYTES, refuse_repeated_keys, require_json
+from runnerd.api.errors import envelope, error_response
+from runnerd.api.reading import refuse_repeated_keys, require_json
 from runnerd.checks.nesting import nesting_over
-from runnerd.limits import MAX_INPUT_BYTES, MAX_JSON_DEPTH
+from runnerd.errors import BodyNotAllowed, BodyTooLarge, InvalidBody, McpStopping, RunnerdError
+from runnerd.limits import DECODE_INLINE_BYTES, MAX_CALL_BODY_BYTES, MAX_JSON_DEPTH, MAX_MCP_DEPTH
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState
     from runnerd.mcp.gateway import McpGateway
 
 __all__ = ["McpEndpoint"]
-
-# A JSON-RPC message: a tool's input (256 KB) as JSON, every byte escaped, and the rest.
-MCP_BODY_LIMIT = MAX_INPUT_BYTES * 2 + 4096
-# A tools/call nests the input two levels down: {"params": {"arguments": input}}.
-_MCP_DEPTH = MAX_JSON_DEPTH + 2
 
 
 class _Disconnected(Exception):
@@ -52,36 +48,24 @@ async def _read(receive: Receive, limit: int) -> bytes:
         data += message.get("body", b"")
         if len(data) > limit:
             if limit == 0:
-                raise ApiError(
-                    "BAD_REQUEST",
-                    "this /mcp request takes no body; send none",
-                    details={"code": "BODY_NOT_ALLOWED"},
-                )
-            raise ApiError(
-                "BAD_REQUEST",
-                f"request body is larger than {limit:,} bytes",
-                details={"code": "BODY_TOO_LARGE"},
-            )
+                raise BodyNotAllowed("this /mcp request takes no body; send none")
+            raise BodyTooLarge(limit)
         if not message.get("more_body", False):
             return bytes(data)
 
 
 def _check_json_rpc(raw: bytes) -> None:
-    if nesting_over(raw, _MCP_DEPTH) is not None:
-        raise ApiError(
-            "BAD_REQUEST",
-            f"request body is nested deeper than {MAX_JSON_DEPTH} levels around the input",
-            details={"code": "INVALID_BODY"},
+    if nesting_over(raw, MAX_MCP_DEPTH) is not None:
+        raise InvalidBody(
+            f"request body is nested deeper than {MAX_JSON_DEPTH} levels around the input"
         )
     # One reading for every reader: UTF-8 JSON, as the API takes (a UTF-16 or UTF-32 body,
     # a BOM, a lone surrogate: the SDK's parser reads them, and would read keys twice).
     try:
         msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError):
-        raise ApiError(
-            "BAD_REQUEST",
-            "request body is not JSON in UTF-8 (no byte order mark, no lone surrogate)",
-            details={"code": "INVALID_BODY"},
+        raise InvalidBody(
+            "request body is not JSON in UTF-8 (no byte order mark, no lone surrogate)"
         ) from None
     refuse_repeated_keys(raw)
 
@@ -93,7 +77,7 @@ async def _checked(scope: Scope, receive: Receive) -> Receive:
         return receive  # a GET is the event stream: it sends nothing, and reads on
     if scope["method"] == "POST":
         require_json(Headers(scope=scope))
-        body = await _read(receive, MCP_BODY_LIMIT)
+        body = await _read(receive, MAX_CALL_BODY_BYTES)
         if len(body) <= DECODE_INLINE_BYTES:
             _check_json_rpc(body)
         else:
@@ -155,13 +139,12 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._stop.is_set() and not self.loaded:  # the daemon is stopping
-            unavailable = ApiError("SERVICE_UNAVAILABLE", "runnerd is stopping")
-            await error_response(unavailable)(scope, receive, send)
+            await error_response(envelope(McpStopping()))(scope, receive, send)
             return
         try:
             receive = await _checked(scope, receive)
-        except ApiError as exc:
-            await error_response(exc)(scope, receive, send)
+        except RunnerdError as exc:
+            await error_response(envelope(exc))(scope, receive, send)
             return
         except _Disconnected:
             return

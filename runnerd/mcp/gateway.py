@@ -7,11 +7,11 @@ the official MCP Python SDK's lowlevel server.
 - ``tools/list``: the tools the person may run there (member and up, Apps module),
   named ``<app-slug>__<tool_name>``; ``annotations`` say read or write. One more tool,
   ``runnerd.approval``, reads what became of a call held for approval.
-- ``tools/call``: the same governed call as the API (calls.py), surface ``chat``, the
-  person recorded: budget, rate limit, audit, ledger and approvals all apply. A run
-  that started is a result (``isError`` when it failed or timed out); a refusal is an
-  ``isError`` result whose structuredContent carries the API's code and reason; an
-  unknown tool is an MCP error.
+- ``tools/call``: the same governed call as the API (govern/governor.py), surface
+  ``chat``, the person recorded: role, budget, rate limit, audit (refusals included),
+  ledger and approvals all apply. A run that started is a result (``isError`` when it
+  failed or timed out); a refusal is an ``isError`` result whose structuredContent
+  carries the API's code and reason; an unknown tool is an MCP error.
 - A ``write`` tool asks the person first, in the form the session's revision has: from
   2026-07-28 an ``InputRequiredResult``, before it an ``elicitation/create`` request
   during the call. The form shows the tool, its effect and the exact input; the answer
@@ -25,7 +25,8 @@ the official MCP Python SDK's lowlevel server.
 - A session (``Mcp-Session-Id``, the 2025 handshake era) is bound to the key and the
   workspace that opened it: any other key, or another workspace, gets 404 before the SDK
   sees the request. When the key is revoked or its person leaves the workspace, its
-  sessions are ended and its open streams closed (checked every ``WATCH_S``).
+  sessions are ended and its open streams closed (checked every
+  ``MCP_REVOCATION_CHECK_S``).
 """
 
 from __future__ import annotations
@@ -54,9 +55,20 @@ from starlette.types import Message, Receive, Scope, Send
 
 from runnerd import __version__
 from runnerd.api.auth import Caller, bearer_or_key
-from runnerd.api.errors import ApiError, error_response, from_domain
-from runnerd.errors import RunnerdError
-from runnerd.govern.governor import CallResult, Pending, Principal, request_hash
+from runnerd.api.errors import ApiError, envelope, error_response
+from runnerd.errors import (
+    ApprovalNotFound,
+    DuplicateSessionId,
+    InsufficientRole,
+    InvalidApiKey,
+    MissingWorkspace,
+    RunnerdError,
+    Unauthenticated,
+)
+from runnerd.govern.admission import Principal
+from runnerd.govern.idempotency import request_hash
+from runnerd.govern.results import CallResult, Pending
+from runnerd.limits import MCP_REVOCATION_CHECK_S
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState
@@ -72,7 +84,7 @@ INSTRUCTIONS = (
 # The first revision that asks inside the call's result (InputRequiredResult); older
 # ones ask with a server-to-client elicitation/create request during the call.
 INPUT_REQUIRED_VERSION = "2026-07-28"
-WATCH_S = 1.0  # how often open sessions and streams are checked against revoked keys
+
 _NO_SESSION = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Session not found"}}'
 
 log = logging.getLogger(__name__)
@@ -167,8 +179,8 @@ class McpGateway:
         try:
             caller, workspace_id = await self._authorize(request)
             session_id = _session_id(request)
-        except ApiError as exc:
-            await error_response(exc)(scope, receive, send)
+        except RunnerdError as exc:
+            await error_response(envelope(exc))(scope, receive, send)
             return
         grant = _Grant(caller.key.id, workspace_id)
         session = None if session_id is None else self._sessions.get(session_id)
@@ -208,17 +220,17 @@ class McpGateway:
         if not cancel.cancelled_caught or send.done:
             return
         if send.status is None:
-            ended = ApiError("UNAUTHORIZED", "The key was revoked, or left the workspace")
-            await error_response(ended)(scope, receive, send)
+            ended = Unauthenticated("The key was revoked, or left the workspace")
+            await error_response(envelope(ended))(scope, receive, send)
         else:  # a stream: end it cleanly
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _watch(self) -> None:
-        """Every ``WATCH_S``: end the sessions and streams whose key was revoked (here,
-        on another node, or by ``runnerd admin revoke-key``) or whose person left the
-        workspace, and forget sessions the SDK has let go idle."""
+        """Every ``MCP_REVOCATION_CHECK_S``: end the sessions and streams whose key was
+        revoked (here, on another node, or by ``runnerd admin revoke-key``) or whose person
+        left the workspace, and forget sessions the SDK has let go idle."""
         while True:
-            await anyio.sleep(WATCH_S)
+            await anyio.sleep(MCP_REVOCATION_CHECK_S)
             state = self.state
             grants = {s.grant for s in self._sessions.values()} | set(self._streams)
             if state is None or not grants:
@@ -279,7 +291,7 @@ class McpGateway:
             return
         now = time.monotonic()
         for session_id, session in list(self._sessions.items()):
-            if not session.in_flight and now - session.used > idle_s + WATCH_S:
+            if not session.in_flight and now - session.used > idle_s + MCP_REVOCATION_CHECK_S:
                 del self._sessions[session_id]
 
     async def _authorize(self, request: Request, *, spend: bool = True) -> tuple[Caller, str]:
@@ -289,20 +301,16 @@ class McpGateway:
         assert state is not None, "the daemon's lifespan sets the state"
         plaintext = bearer_or_key(request)
         if not plaintext:
-            raise ApiError("UNAUTHORIZED", "Send a personal API key as a Bearer token")
+            raise Unauthenticated("Send a personal API key as a Bearer token")
         key = await state.store.io(state.store.find_key, plaintext)
         if key is None:
-            raise ApiError("UNAUTHORIZED", "Invalid or revoked API key")
+            raise InvalidApiKey
         caller = Caller(key)
         caller.need_person()
         caller.need_scope("tools:run")
         workspace_id = request.query_params.get("workspaceId", "")
         if not workspace_id:
-            raise ApiError(
-                "BAD_REQUEST",
-                "connect to /mcp?workspaceId=…: a session belongs to one workspace",
-                details={"code": "MISSING_WORKSPACE"},
-            )
+            raise MissingWorkspace
         await caller.member(state.store, workspace_id, role="viewer")
         if spend:
             state.limiter.take(key.id)
@@ -313,8 +321,9 @@ class McpGateway:
             raise MCPError(types.INVALID_REQUEST, "runnerd serves MCP over HTTP only")
         try:
             caller, workspace_id = await self._authorize(ctx.request, spend=False)
-        except ApiError as exc:
-            raise MCPError(types.INVALID_REQUEST, exc.message, _wire(exc)) from None
+        except RunnerdError as exc:
+            error = envelope(exc)
+            raise MCPError(types.INVALID_REQUEST, error.message, _wire(error)) from None
         return self.state, caller, workspace_id
 
     # --- tools/list ----------------------------------------------------------------------
@@ -325,7 +334,7 @@ class McpGateway:
         state, caller, workspace_id = await self._context(ctx)
         try:
             await caller.member(state.store, workspace_id, role="member")
-        except ApiError:
+        except InsufficientRole:
             return types.ListToolsResult(tools=[])  # a viewer may run nothing
         tools = [
             types.Tool(
@@ -384,16 +393,17 @@ class McpGateway:
         if install is None or tool is None:
             raise MCPError(types.INVALID_PARAMS, f"no tool {params.name!r} in this workspace")
         try:
-            await caller.member(state.store, workspace_id, role="member")
             if params.request_state is not None:
+                await caller.member(state.store, workspace_id, role="member")
                 return await self._confirmed(state, who, install, tool_name, arguments, params)
+            # The governor checks the person's role, and audits its refusals as the API's.
             outcome = await state.governor.call(
                 install, tool_name, arguments, who=who, surface="chat"
             )
             if isinstance(outcome, Pending):
                 asking = _Asking(install.app_slug, tool_name, tool.output_schema, arguments)
                 return await self._ask(state, ctx, who, asking, outcome)
-        except (ApiError, RunnerdError) as exc:
+        except RunnerdError as exc:
             return _refused(exc)
         return _result(outcome)
 
@@ -426,7 +436,7 @@ class McpGateway:
         form = _confirm_form(asking)
         answer: types.ElicitResult | None = None
         try:
-            with anyio.move_on_after(state.governor.approval_ttl_s):
+            with anyio.move_on_after(state.governor.approvals.ttl_s):
                 answer = await ctx.session.elicit_form(
                     form.message, form.requested_schema, related_request_id=ctx.request_id
                 )
@@ -499,10 +509,8 @@ class McpGateway:
             state.store.get_approval, str(arguments.get("approvalId", ""))
         )
         if approval is None or approval.workspace_id != workspace_id:
-            return _refused(
-                ApiError("NOT_FOUND", "No such approval", details={"code": "APPROVAL_NOT_FOUND"})
-            )
-        await state.governor.expire()
+            return _refused(ApprovalNotFound())
+        await state.governor.approvals.expire()
         approval = await state.store.io(state.store.get_approval, approval.id) or approval
         found: dict[str, Any] = {"approvalId": approval.id, "status": approval.status}
         if approval.run_id is None:
@@ -613,11 +621,7 @@ def _session_id(request: Request) -> str | None:
     """The request's ``Mcp-Session-Id``; 400 when it carries more than one."""
     found = request.headers.getlist(MCP_SESSION_ID_HEADER)
     if len(found) > 1:
-        raise ApiError(
-            "BAD_REQUEST",
-            "send one Mcp-Session-Id header",
-            details={"code": "DUPLICATE_SESSION_ID", "field": MCP_SESSION_ID_HEADER},
-        )
+        raise DuplicateSessionId(MCP_SESSION_ID_HEADER)
     return found[0] if found else None
 
 
@@ -644,11 +648,9 @@ def _wire(exc: ApiError) -> dict[str, Any]:
     }
 
 
-def _refused(exc: Exception) -> types.CallToolResult:
+def _refused(exc: RunnerdError) -> types.CallToolResult:
     """A refusal before any run: isError, with the API's code and reason."""
-    error = exc if isinstance(exc, ApiError) else from_domain(exc)
-    if error is None:
-        raise exc
+    error = envelope(exc)
     wire = _wire(error)
     return types.CallToolResult(
         content=[types.TextContent(text=f"Refused ({wire['reason']}): {error.message}")],

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from runnerd.egress import Destination, EgressError, parse
+from runnerd.limits import MAX_CLIENT_HELLO_BYTES, PROXY_CHUNK_BYTES
 
 __all__ = [
     "ALERT_DECODE_ERROR",
@@ -37,7 +38,7 @@ __all__ = [
 
 AUTHORITY_MISMATCH = "authority mismatch"
 CHUNKED = -1  # Request.body: a chunked body, read chunk by chunk
-MAX_CLIENT_HELLO = 32 * 1024  # a ClientHello with post-quantum key shares is ~2 KB
+
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # all but HTAB
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,15}")
@@ -192,7 +193,7 @@ async def forward_body(reader: asyncio.StreamReader, body: int, send: Send) -> N
 
 async def _exactly(reader: asyncio.StreamReader, count: int, send: Send) -> None:
     while count > 0:
-        data = await reader.read(min(count, 64 * 1024))
+        data = await reader.read(min(count, PROXY_CHUNK_BYTES))
         if not data:
             raise asyncio.IncompleteReadError(b"", count)
         count -= len(data)
@@ -204,16 +205,16 @@ async def read_client_hello(reader: asyncio.StreamReader, first: bytes) -> tuple
     read), however they are split into records and segments. The bytes read, to be
     forwarded as they are, and the ClientHello's server name (None: it sends none).
     AuthorityRefused for anything else: another record or message first, a ClientHello
-    past MAX_CLIENT_HELLO, several names, or an encrypted ClientHello (the name it hides
-    cannot be checked)."""
+    past MAX_CLIENT_HELLO_BYTES, several names, or an encrypted ClientHello (the name it
+    hides cannot be checked)."""
     seen = bytearray(first)
     message = bytearray()
     offset = 0  # where the next record starts in ``seen``
 
     async def need(count: int) -> None:
         while len(seen) < count:
-            if len(seen) > 4 * MAX_CLIENT_HELLO:
-                raise _bad(f"the TLS ClientHello is larger than {MAX_CLIENT_HELLO} bytes")
+            if len(seen) > 4 * MAX_CLIENT_HELLO_BYTES:
+                raise _bad(f"the TLS ClientHello is larger than {MAX_CLIENT_HELLO_BYTES} bytes")
             seen.extend(await _more(reader))
 
     while True:
@@ -228,8 +229,8 @@ async def read_client_hello(reader: asyncio.StreamReader, first: bytes) -> tuple
             raise _bad("the tunnel's first TLS message is not a ClientHello")
         if len(message) >= 4:
             size = int.from_bytes(message[1:4], "big")
-            if size > MAX_CLIENT_HELLO:
-                raise _bad(f"the TLS ClientHello is larger than {MAX_CLIENT_HELLO} bytes")
+            if size > MAX_CLIENT_HELLO_BYTES:
+                raise _bad(f"the TLS ClientHello is larger than {MAX_CLIENT_HELLO_BYTES} bytes")
             if len(message) >= 4 + size:
                 return bytes(seen), _server_name(bytes(message[4 : 4 + size]))
 

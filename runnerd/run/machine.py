@@ -11,22 +11,17 @@ from pathlib import Path
 
 from runnerd.checks.pool import Checker
 from runnerd.config import Settings
+from runnerd.egress import parse_networks
+from runnerd.errors import SandboxUnavailable
 from runnerd.run.cgroups import Cgroups, setup_cgroups
-from runnerd.run.jail import (
-    Limits,
-    Sandbox,
-    SandboxUnavailable,
-    UidPool,
-    find_nsjail,
-    reachable_harnesses,
-)
+from runnerd.run.jail import Limits, Sandbox, UidPool, find_nsjail, reachable_harnesses
 from runnerd.run.package_envs import EnvManager
 from runnerd.run.pipeline import Pipeline
-from runnerd.run.proxy import EgressProxy, parse_networks, socket_path
+from runnerd.run.proxy import EgressProxy, socket_path
 from runnerd.run.runtimes import Runtimes, find_runtimes, world_readable
 from runnerd.run.toolchain import Toolchain
 
-__all__ = ["Machine", "build_machine"]
+__all__ = ["Machine", "build_machine", "build_sandbox"]
 
 log = logging.getLogger("runnerd")
 
@@ -60,33 +55,26 @@ class Machine:
         return found
 
 
-def build_machine(settings: Settings, *, warm: int = 0) -> Machine:
+def build_machine(
+    settings: Settings, *, warm: int = 0, runtimes: Runtimes | None = None
+) -> Machine:
     """The run machinery. ``warm``: jails kept started ahead of calls per kind (the daemon
-    uses settings.warm_jails; one-shot commands start each jail on demand)."""
+    uses settings.warm_jails; one-shot commands start each jail on demand). ``runtimes``:
+    found already (finding them runs each one), else found here."""
     data = settings.data_dir
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
     mounts, note = _mount_root(settings)
-    runtimes = find_runtimes(settings.python, settings.node, stage=mounts / "runtimes")
+    if runtimes is None:
+        runtimes = find_runtimes(settings.python, settings.node, stage=mounts / "runtimes")
     cgroups = setup_cgroups()
-    limits = Limits.from_settings(settings)
-    proxy = EgressProxy(
-        socket_path(settings.uid_lock_dir),
-        allow_networks=parse_networks(settings.egress_allow_networks),
-        max_connections=settings.egress_max_connections,
-        max_bytes=settings.egress_max_mb * 1024 * 1024,
-        connect_timeout_s=settings.egress_connect_timeout_ms / 1000,
-    )
-    sandbox = Sandbox(
-        nsjail=find_nsjail(settings.nsjail),
+    sandbox = build_sandbox(
+        settings,
         runtimes=runtimes,
         cgroups=cgroups,
-        uids=UidPool(settings.uid_lock_dir, settings.sandbox_uid_base, settings.sandbox_uid_count),
-        limits=limits,
-        warm=warm,
-        proxy=proxy,
         harness_dir=reachable_harnesses(
             mounts / "harness", runtimes.python.executable if runtimes.python else None
         ),
+        warm=warm,
     )
     envs = EnvManager(mounts / "envs", sandbox=sandbox, settings=settings)
     pipeline = Pipeline(
@@ -101,6 +89,31 @@ def build_machine(settings: Settings, *, warm: int = 0) -> Machine:
     if note:
         machine.notes.append(note)
     return machine
+
+
+def build_sandbox(
+    settings: Settings, *, runtimes: Runtimes, cgroups: Cgroups, harness_dir: Path, warm: int = 0
+) -> Sandbox:
+    """The Sandbox of ``settings`` for these runtimes, cgroups and harness folder (what
+    build_machine found on this host), with its uid pool and its egress proxy (not started).
+    Starts nothing: tests/test_jail_policy.py builds jails' argv with it."""
+    proxy = EgressProxy(
+        socket_path(settings.uid_lock_dir),
+        allow_networks=parse_networks(settings.egress_allow_networks),
+        max_connections=settings.egress_max_connections,
+        max_bytes=settings.egress_max_mb * 1024 * 1024,
+        connect_timeout_s=settings.egress_connect_timeout_ms / 1000,
+    )
+    return Sandbox(
+        nsjail=find_nsjail(settings.nsjail),
+        runtimes=runtimes,
+        cgroups=cgroups,
+        uids=UidPool(settings.uid_lock_dir, settings.sandbox_uid_base, settings.sandbox_uid_count),
+        limits=Limits.from_settings(settings),
+        warm=warm,
+        proxy=proxy,
+        harness_dir=harness_dir,
+    )
 
 
 DEFAULT_CACHE_DIR = Path("/var/cache/runnerd")

@@ -27,20 +27,28 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from runnerd.errors import RunnerdError
+from runnerd.errors import EnvBuildFailed
+from runnerd.ids import utc_now
+from runnerd.limits import (
+    BUILD_KILL_SLACK_S,
+    BUILD_MEMORY_MB,
+    BUILD_OPEN_FILES,
+    BUILD_PIDS,
+    BUILD_TIMEOUT_S,
+    BUILD_TMP_BYTES,
+)
 from runnerd.metrics import METRICS
+from runnerd.model import Language
 from runnerd.run.runtimes import SYSTEM_CA, npm_cli, world_readable
-from runnerd.store import utc_now
 
 if TYPE_CHECKING:
     from runnerd.config import Settings
     from runnerd.run.jail import Sandbox
 
-__all__ = ["EnvBuildFailed", "EnvInfo", "EnvManager"]
+__all__ = ["EnvInfo", "EnvManager"]
 
 _META = "env.json"
-BUILD_TIMEOUT_S = 900  # a cold install of 50 packages over a slow link
-BUILD_MEMORY_MB = 2048
+
 # Network and TLS files an installer needs, where they exist.
 _NET_FILES = (
     "/etc/resolv.conf",
@@ -68,10 +76,6 @@ PASSTHROUGH = (
 )
 
 
-class EnvBuildFailed(RunnerdError):
-    """An installer refused; the message is the installer's own."""
-
-
 class EnvInfo(msgspec.Struct, frozen=True):
     key: str
     ecosystem: str  # pypi | npm
@@ -82,7 +86,7 @@ class EnvInfo(msgspec.Struct, frozen=True):
     size_bytes: int = 0
 
 
-def _ecosystem(language: str) -> str:
+def _ecosystem(language: Language) -> str:
     return "pypi" if language == "python" else "npm"
 
 
@@ -109,7 +113,7 @@ class EnvManager:
 
     # --- keys and paths ---------------------------------------------------------------------
 
-    def runtime_tag(self, language: str) -> str:
+    def runtime_tag(self, language: Language) -> str:
         rt = self.sandbox.runtimes
         if language == "python":
             if rt.python is None:
@@ -119,7 +123,7 @@ class EnvManager:
             raise EnvBuildFailed("no Node.js runtime is configured for tools")
         return rt.node.tag
 
-    def key(self, language: str, packages: Iterable[str]) -> str:
+    def key(self, language: Language, packages: Iterable[str]) -> str:
         """The env key: ecosystem, runtime and the sorted pins, hashed."""
         eco, tag, pins = _ecosystem(language), self.runtime_tag(language), sorted(packages)
         digest = hashlib.sha256(json.dumps([eco, tag, pins]).encode()).hexdigest()[:20]
@@ -129,7 +133,7 @@ class EnvManager:
         sub = "site" if key.startswith("pypi-") else "node_modules"
         return self.root / key / sub
 
-    def ready(self, language: str, packages: tuple[str, ...]) -> Path | None:
+    def ready(self, language: Language, packages: tuple[str, ...]) -> Path | None:
         """The folder a jail mounts for these packages, if built (None without packages)."""
         if not packages:
             return None
@@ -138,7 +142,7 @@ class EnvManager:
 
     # --- building ---------------------------------------------------------------------------
 
-    async def ensure(self, language: str, packages: tuple[str, ...]) -> Path | None:
+    async def ensure(self, language: Language, packages: tuple[str, ...]) -> Path | None:
         """The env for these packages, built first if needed; concurrent calls coalesce."""
         if not packages:
             return None
@@ -150,7 +154,7 @@ class EnvManager:
         async with lock:
             return await asyncio.to_thread(self.ensure_sync, language, packages)
 
-    def ensure_sync(self, language: str, packages: tuple[str, ...]) -> Path | None:
+    def ensure_sync(self, language: Language, packages: tuple[str, ...]) -> Path | None:
         """Blocking ``ensure``: for uploads and the CLI. Raises EnvBuildFailed."""
         if not packages:
             return None
@@ -162,7 +166,7 @@ class EnvManager:
                 self._build(key, language, tuple(sorted(packages)))
         return self._mount_dir(key)
 
-    def _build(self, key: str, language: str, packages: tuple[str, ...]) -> None:
+    def _build(self, key: str, language: Language, packages: tuple[str, ...]) -> None:
         uid = self.settings.sandbox_uid_base - 1  # the builders' uid, never a run's
         cache = self.root / ".cache"
         cache.mkdir(exist_ok=True)
@@ -173,7 +177,11 @@ class EnvManager:
             os.chown(staging, uid, uid)
             argv = self._command(language, packages, uid, staging, cache)
             proc = subprocess.run(
-                argv, capture_output=True, text=True, env={}, timeout=BUILD_TIMEOUT_S + 30
+                argv,
+                capture_output=True,
+                text=True,
+                env={},
+                timeout=BUILD_TIMEOUT_S + BUILD_KILL_SLACK_S,
             )
             if proc.returncode != 0:
                 METRICS.env_builds.labels(_ecosystem(language), "failed").inc()
@@ -197,7 +205,7 @@ class EnvManager:
                 shutil.rmtree(staging, ignore_errors=True)
 
     def _command(
-        self, language: str, packages: tuple[str, ...], uid: int, staging: Path, cache: Path
+        self, language: Language, packages: tuple[str, ...], uid: int, staging: Path, cache: Path
     ) -> list[str]:
         rt = self.sandbox.runtimes
         mounts: list[str] = []
@@ -262,16 +270,16 @@ class EnvManager:
             "--user", f"1000:{uid}:1", "--group", f"1000:{uid}:1",
             "--time_limit", str(BUILD_TIMEOUT_S),
             "--rlimit_as", "inf", "--rlimit_core", "0", "--rlimit_fsize", "inf",
-            "--rlimit_nofile", "4096", "--rlimit_nproc", "soft",
+            "--rlimit_nofile", str(BUILD_OPEN_FILES), "--rlimit_nproc", "soft",
             "--cwd", "/out",
             # /tmp first: a mount listed before it under /tmp (a Node copied into a cache
             # dir there) would be hidden by it.
-            "--mount", "none:/tmp:tmpfs:size=1073741824,mode=1777",
+            "--mount", f"none:/tmp:tmpfs:size={BUILD_TMP_BYTES},mode=1777",
         ]  # fmt: skip
         if self.sandbox.cgroups.enabled:
             argv += [*self.sandbox.cgroups.nsjail_args,
                      "--cgroup_mem_max", str(BUILD_MEMORY_MB * 1024 * 1024),
-                     "--cgroup_pids_max", "512"]  # fmt: skip
+                     "--cgroup_pids_max", str(BUILD_PIDS)]  # fmt: skip
         for mount in mounts:
             argv += ["--bindmount_ro", mount]
         for path in _NET_FILES:

@@ -12,7 +12,8 @@ socket bind-mounted into its jail, and the harness relays ``127.0.0.1:PORT`` (wh
   only to destinations the grant covers;
 - resolves names itself and connects to the address it checked: loopback, private,
   link-local, CGNAT, multicast, unspecified, reserved, IPv4-mapped, ULA, site-local and
-  this host's own addresses are refused, but for the ranges in ``egress_allow_networks``;
+  this host's own addresses are refused, but for the ranges in ``egress_allow_networks``
+  (the rules: run/addresses.py);
 - caps each run's connections and bytes, closes every tunnel when the run ends, and
   counts per destination the connections and bytes each way (never a payload, a request
   line or a header: they may hold secrets).
@@ -38,7 +39,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runnerd.egress import Destination, EgressError, covers, parse
+from runnerd.egress import Destination, EgressError, Network, covers, parse
+from runnerd.limits import (
+    GRANT_RECHECK_S,
+    MAX_DESTINATION_CHARS,
+    MAX_EGRESS_FIGURES,
+    MAX_PROXY_HEAD_BYTES,
+    PROXY_BACKLOG,
+    PROXY_CHUNK_BYTES,
+    PROXY_HEAD_TIMEOUT_S,
+)
+from runnerd.run.addresses import address_refusal, embedded_ipv4, is_this_host
 from runnerd.run.authority import (
     ALERT_DECODE_ERROR,
     AUTHORITY_MISMATCH,
@@ -62,162 +73,15 @@ __all__ = [
     "PRIVATE_ADDRESS",
     "EgressPass",
     "EgressProxy",
-    "address_refusal",
-    "parse_networks",
 ]
 
 NOT_GRANTED, PRIVATE_ADDRESS, CAP_REACHED = "not granted", "private address", "cap reached"
-HEAD_LIMIT = 16 * 1024  # a request line and headers; more is not a proxy request
-HEAD_TIMEOUT_S = 10.0  # to send them, once connected
-ACCEPT_BACKLOG = 8
-CHUNK = 64 * 1024
-MAX_FIGURES = 32  # destinations recorded per run; the rest are summed under "other"
-GRANT_RECHECK_S = 1.0  # open connections are checked against their install's grant so often
-MAX_DESTINATION_CHARS = 300  # a destination is at most 260 characters and a port (egress.parse)
 # Why a request was refused, as the audit counts them (any other reason counts as "other").
 _REASONS = (NOT_GRANTED, PRIVATE_ADDRESS, CAP_REACHED, "bad request", "no credential",
             "no such host", "lookups busy", "cannot connect", AUTHORITY_MISMATCH,
             "grant unknown")  # fmt: skip
-_CGNAT = ipaddress.ip_network("100.64.0.0/10")
-_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215: a local translator's
-_V6_OWN = (ipaddress.IPv6Address("::"), ipaddress.IPv6Address("::1"))  # not IPv4-compatible
-# IPv6 ranges whose last 32 bits are an IPv4 address (RFC 6052, RFC 4291, RFC 2765).
-_V4_FORMS = [
-    (ipaddress.IPv6Network("::ffff:0:0/96"), "an IPv4-mapped address"),
-    (ipaddress.IPv6Network("::/96"), "an IPv4-compatible address"),  # deprecated, RFC 4291
-    (ipaddress.IPv6Network("::ffff:0:0:0/96"), "an IPv4-translated address"),  # RFC 2765
-]
-_LOW_32 = [(ipaddress.IPv6Network("64:ff9b::/96"), "a NAT64 address"), *_V4_FORMS]
-_Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 # An install's grant as stored now, by install id (None: the install is gone).
 GrantReader = Callable[[str], Awaitable[tuple[str, ...] | None]]
-# Never opened by egress_allow_networks: the host itself, cloud metadata, broadcast.
-_NEVER = [
-    ipaddress.ip_network(n)
-    for n in ("127.0.0.0/8", "::1/128", "0.0.0.0/8", "::/128", "169.254.0.0/16", "fe80::/10",
-              "224.0.0.0/4", "ff00::/8", "255.255.255.255/32", "::ffff:0:0/96",
-              "::/96", "::ffff:0:0:0/96")
-]  # fmt: skip
-
-
-def parse_networks(entries: Iterable[str]) -> tuple[_Network, ...]:
-    """``egress_allow_networks`` as networks; ValueError naming the entry at fault."""
-    found = []
-    for entry in entries:
-        try:
-            network = ipaddress.ip_network(entry.strip(), strict=False)
-        except ValueError:
-            raise ValueError(
-                f"{entry!r} is not a network in CIDR form, such as 10.20.0.0/16"
-            ) from None
-        for never in _NEVER:
-            if network.version == never.version and network.overlaps(never):
-                raise ValueError(
-                    f"{entry!r} overlaps {never}, which egress never reaches (this host, "
-                    "link-local and cloud metadata, multicast, IPv4-mapped, -compatible "
-                    "and -translated)"
-                )
-        found.append(network)
-    return tuple(found)
-
-
-def address_refusal(address: _Address, allowed: tuple[_Network, ...]) -> str | None:
-    """Why ``address`` is no place for egress (a short phrase), or None if it may be used.
-
-    An IPv6 address that carries an IPv4 one (NAT64, 6to4, Teredo) is judged as each
-    address it may stand for, by the same rules: behind a translator it reaches that IPv4
-    address."""
-    why = never_refusal(address)
-    if why is not None:
-        return why
-    for form, inner in embedded_ipv4(address):
-        why = address_refusal(inner, allowed)
-        if why is not None:
-            return f"{form} of {inner}, {why}"
-    if any(address.version == net.version and address in net for net in allowed):
-        return None
-    if isinstance(address, ipaddress.IPv6Address):
-        if address in _NAT64_LOCAL:
-            return "a local-use NAT64 address"
-        if address.is_site_local:
-            return "a site-local address"
-    if address.is_multicast or not address.is_global or address in _CGNAT:
-        return _kind(address)
-    return None
-
-
-def never_refusal(address: _Address) -> str | None:
-    """Why egress never reaches ``address``, whatever ``egress_allow_networks`` opens (the
-    host itself, link-local and cloud metadata, multicast, unspecified, the IPv4-mapped,
-    -compatible and -translated forms, and any of those an IPv6 address carries), or None."""
-    if isinstance(address, ipaddress.IPv6Address):
-        for network, form in _V4_FORMS:
-            if address in network and address not in _V6_OWN:
-                inner = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-                return f"{form} (of {inner}), which egress never uses"
-    for form, inner in embedded_ipv4(address):
-        why = never_refusal(inner)
-        if why is not None:
-            return f"{form} of {inner}, {why}"
-    for never in _NEVER:
-        if address.version == never.version and address in never:
-            return _kind(address)
-    return None
-
-
-def embedded_ipv4(address: _Address) -> list[tuple[str, ipaddress.IPv4Address]]:
-    """Every IPv4 address an IPv6 ``address`` may stand for, each with the form that carries
-    it: NAT64 (64:ff9b::/96; 64:ff9b:1::/48 at each RFC 6052 prefix length), IPv4-compatible
-    (::/96), IPv4-translated (::ffff:0:0:0/96), IPv4-mapped, 6to4 (2002::/16) and Teredo
-    (2001::/32: its server and its client). Empty for an IPv4 address, :: and ::1."""
-    if not isinstance(address, ipaddress.IPv6Address) or address in _V6_OWN:
-        return []
-    value = int(address)
-    low = ipaddress.IPv4Address(value & 0xFFFFFFFF)
-    found: list[tuple[str, ipaddress.IPv4Address]] = []
-    for network, form in _LOW_32:
-        if address in network:
-            found.append((form, low))
-    if address in _NAT64_LOCAL:
-        # RFC 6052 section 2.2: past a /48 prefix the IPv4 bits skip bits 64-71.
-        octets = address.packed
-        for start in (6, 7):  # the /48 and /56 layouts
-            picked = [b for i, b in enumerate(octets[start:], start) if i != 8][:4]
-            found.append(("a NAT64 address", ipaddress.IPv4Address(bytes(picked))))
-        found.append(("a NAT64 address", ipaddress.IPv4Address(octets[9:13])))  # the /64
-        found.append(("a NAT64 address", low))  # the /96
-    if address.sixtofour is not None:
-        found.append(("a 6to4 address", address.sixtofour))
-    if address.teredo is not None:
-        server, client = address.teredo
-        found += [("a Teredo address", server), ("a Teredo address", client)]
-    return found
-
-
-def _kind(address: _Address) -> str:
-    if address.is_loopback:
-        return "a loopback address"
-    if address.is_link_local:
-        return "a link-local address (cloud metadata lives there)"
-    if address.is_unspecified:
-        return "the unspecified address"
-    if address.is_multicast:
-        return "a multicast address"
-    if address.version == 4 and address in _CGNAT:
-        return "a carrier-grade NAT address"
-    return "a private or reserved address"
-
-
-def _is_this_host(address: _Address) -> bool:
-    """Whether ``address`` is one of this host's own (it can be bound to)."""
-    family = socket.AF_INET if address.version == 4 else socket.AF_INET6
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((str(address), 0))
-        except OSError:
-            return False
-    return True
 
 
 @dataclass
@@ -256,10 +120,11 @@ class EgressPass:
     tunnels: dict[asyncio.StreamWriter, Destination] = field(default_factory=dict)
 
     def use(self, destination: str) -> _Use:
-        """The figures of ``destination`` (past MAX_FIGURES destinations, of "other"). The
-        tool chooses the name: it is kept printable and at most MAX_DESTINATION_CHARS."""
+        """The figures of ``destination`` (past MAX_EGRESS_FIGURES destinations, of
+        "other"). The tool chooses the name: it is kept printable and at most
+        MAX_DESTINATION_CHARS."""
         destination = _printable(destination, MAX_DESTINATION_CHARS)
-        if destination not in self.uses and len(self.uses) >= MAX_FIGURES:
+        if destination not in self.uses and len(self.uses) >= MAX_EGRESS_FIGURES:
             destination = "other"
         return self.uses.setdefault(destination, _Use())
 
@@ -352,10 +217,10 @@ class EgressProxy:
         self,
         path: Path,
         *,
-        allow_networks: tuple[_Network, ...] = (),
-        max_connections: int = 64,
-        max_bytes: int = 64 * 1024 * 1024,
-        connect_timeout_s: float = 5.0,
+        allow_networks: tuple[Network, ...] = (),
+        max_connections: int,
+        max_bytes: int,
+        connect_timeout_s: float,
     ) -> None:
         self.path = path
         self.allow_networks = allow_networks
@@ -385,7 +250,7 @@ class EgressProxy:
             # the loop, so a flood of connects is taken in small bites (and a flooding
             # jail waits in connect) instead of stalling the daemon for one long turn.
             self._server = await asyncio.start_unix_server(
-                self._serve, path=str(self.path), limit=HEAD_LIMIT, backlog=ACCEPT_BACKLOG
+                self._serve, path=str(self.path), limit=MAX_PROXY_HEAD_BYTES, backlog=PROXY_BACKLOG
             )
             # Any jail uid may connect; it is then known by its uid and its credential.
             self.path.chmod(0o666)
@@ -453,7 +318,7 @@ class EgressProxy:
         upstream: asyncio.StreamWriter | None = None
         try:
             try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), PROXY_HEAD_TIMEOUT_S)
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
                 return
             except (ConnectionError, OSError):
@@ -633,10 +498,10 @@ class EgressProxy:
         refusals = []
         for address in found:
             why = address_refusal(address, self.allow_networks)
-            if why is None and _is_this_host(address):
+            if why is None and is_this_host(address):
                 why = "an address of this host"
             for form, inner in embedded_ipv4(address) if why is None else ():
-                if _is_this_host(inner):
+                if is_this_host(inner):
                     why = f"{form} of {inner}, an address of this host"
                     break
             if why is None:
@@ -655,7 +520,8 @@ class EgressProxy:
         for address in addresses:
             try:
                 return await asyncio.wait_for(
-                    asyncio.open_connection(address, port, limit=CHUNK), self.connect_timeout_s
+                    asyncio.open_connection(address, port, limit=PROXY_CHUNK_BYTES),
+                    self.connect_timeout_s,
                 )
             except TimeoutError:
                 problem = f"no answer within {self.connect_timeout_s:g} s"
@@ -686,7 +552,7 @@ class EgressProxy:
         (see _outbound); the answers are copied as they come."""
 
         async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, out: bool) -> None:
-            while data := await src.read(CHUNK):
+            while data := await src.read(PROXY_CHUNK_BYTES):
                 if out:
                     within = self._count(owner, use, sent=len(data))
                 else:
@@ -763,7 +629,9 @@ async def _check_outbound(
         return "eof"
     if first == b"\x16":  # a TLS handshake record
         try:
-            data, name = await asyncio.wait_for(read_client_hello(reader, first), HEAD_TIMEOUT_S)
+            data, name = await asyncio.wait_for(
+                read_client_hello(reader, first), PROXY_HEAD_TIMEOUT_S
+            )
             check_server_name(name, plan.wanted)
         except AuthorityRefused as exc:
             raise _InTunnel(exc, tls=True) from None
@@ -780,7 +648,9 @@ async def _check_outbound(
         return "raw"
     while True:  # HTTP/1 in the tunnel: every request, however many the connection carries
         try:
-            head = await asyncio.wait_for(read_head(reader, first, HEAD_LIMIT), HEAD_TIMEOUT_S)
+            head = await asyncio.wait_for(
+                read_head(reader, first, MAX_PROXY_HEAD_BYTES), PROXY_HEAD_TIMEOUT_S
+            )
             request = check_request(head, plan.wanted, proxied=False)
             await send(request.head)
             await forward_body(reader, request.body, send)
@@ -832,7 +702,7 @@ async def _answer(writer: asyncio.StreamWriter, refusal: _Refusal) -> None:
         await asyncio.wait_for(writer.drain(), 2)
 
 
-def _printable(text: str, limit: int = 300) -> str:
+def _printable(text: str, limit: int = MAX_DESTINATION_CHARS) -> str:
     cleaned = "".join(c if " " <= c <= "~" else "?" for c in text)
     return cleaned[:limit]
 

@@ -23,18 +23,21 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from runnerd.limits import (
+    DNS_LOOKUP_TIMEOUT_S,
+    DNS_LOOKUPS_PER_INSTALL,
+    DNS_TRIES,
+    DNS_TRY_TIMEOUT_S,
+    DNS_WAITING_PER_INSTALL,
+    MAX_DNS_LOOKUPS,
+)
+
 if TYPE_CHECKING:
     import pycares
 
 __all__ = ["BUSY", "NO_SUCH_HOST", "LookupFailed", "Resolver"]
 
 NO_SUCH_HOST, BUSY = "no such host", "lookups busy"
-LOOKUP_TIMEOUT_S = 5.0  # a name not resolved by then (queued or asking) does not resolve
-TRY_TIMEOUT_S = 1.0  # c-ares's first try per server; it waits longer on the next
-TRIES = 2  # per server; with TRY_TIMEOUT_S a silent server fails a name in about 2.5 s
-PER_INSTALL_LOOKUPS = 8  # lookups in flight per install (a run opens up to 64 connections)
-PER_INSTALL_WAITING = 32  # queued behind those; more are refused at once
-MAX_LOOKUPS = 512  # in flight over all installs: each holds a socket or two
 
 
 class LookupFailed(Exception):
@@ -58,10 +61,10 @@ class Resolver:
     def __init__(
         self,
         *,
-        per_install: int = PER_INSTALL_LOOKUPS,
-        waiting: int = PER_INSTALL_WAITING,
-        max_lookups: int = MAX_LOOKUPS,
-        timeout_s: float = LOOKUP_TIMEOUT_S,
+        per_install: int = DNS_LOOKUPS_PER_INSTALL,
+        waiting: int = DNS_WAITING_PER_INSTALL,
+        max_lookups: int = MAX_DNS_LOOKUPS,
+        timeout_s: float = DNS_LOOKUP_TIMEOUT_S,
     ) -> None:
         self.per_install = per_install
         self.waiting = waiting
@@ -162,7 +165,9 @@ async def _lookup(host: str, port: int | None) -> list[str]:
 
     try:
         try:
-            channel = pycares.Channel(sock_state_cb=state, timeout=TRY_TIMEOUT_S, tries=TRIES)
+            channel = pycares.Channel(
+                sock_state_cb=state, timeout=DNS_TRY_TIMEOUT_S, tries=DNS_TRIES
+            )
             channel.getaddrinfo(host, port, type=socket.SOCK_STREAM, callback=answered)
         except (pycares.AresError, UnicodeError, ValueError, TypeError, RuntimeError):
             raise LookupFailed(NO_SUCH_HOST, "the name cannot be looked up") from None

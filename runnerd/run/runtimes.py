@@ -18,7 +18,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runnerd.limits import MIN_NODE_MAJOR
+from runnerd.limits import (
+    LDD_TIMEOUT_S,
+    MIN_NODE_MAJOR,
+    NODE_PROBE_TIMEOUT_S,
+    PYTHON_PROBE_TIMEOUT_S,
+)
 
 __all__ = [
     "NodeRuntime",
@@ -80,7 +85,7 @@ def shared_libraries(files: list[str]) -> list[str] | None:
         return None
     try:
         proc = subprocess.run(
-            [ldd, *files], capture_output=True, text=True, timeout=60, env=clean_env()
+            [ldd, *files], capture_output=True, text=True, timeout=LDD_TIMEOUT_S, env=clean_env()
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -183,7 +188,7 @@ def _probe_python(candidate: str) -> PythonRuntime | None:
             [found, "-I", "-S", "-c", _PY_PROBE],
             capture_output=True,
             text=True,
-            timeout=20,
+            timeout=PYTHON_PROBE_TIMEOUT_S,
             env=clean_env(),
         )
         info = json.loads(proc.stdout)
@@ -252,7 +257,11 @@ def _node_at(path: str | None) -> NodeRuntime | None:
         return None
     try:
         out = subprocess.run(
-            [path, "--version"], capture_output=True, text=True, timeout=10, env=clean_env()
+            [path, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=NODE_PROBE_TIMEOUT_S,
+            env=clean_env(),
         ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -36,11 +36,11 @@ from urllib.parse import quote, quote_plus
 import msgspec
 import re2
 
-__all__ = ["MIN_FOLDED_CHARS", "MIN_SCRUB_CHARS", "REDACTED", "Scrubber"]
+from runnerd.limits import MAX_SCRUB_MEMORY, MIN_FOLDED_CHARS, MIN_SCRUB_CHARS
+
+__all__ = ["REDACTED", "Scrubber"]
 
 REDACTED = "[secret]"
-MIN_SCRUB_CHARS = 4  # runnerd: a shorter fragment would match ordinary text
-MIN_FOLDED_CHARS = 8  # runnerd: reversed and any-case copies of shorter values are common text
 
 
 def _cores(value: bytes, encode: Callable[[bytes], bytes], bits: int, group: int) -> set[str]:
@@ -100,7 +100,7 @@ def _options(longest: bool) -> Any:
     options = re2.Options()
     options.log_errors = False
     options.longest_match = longest  # at each place, the longest spelling wins
-    options.max_mem = 64 << 20
+    options.max_mem = MAX_SCRUB_MEMORY
     return options
 
 

@@ -17,18 +17,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runnerd.errors import RunnerdError
-from runnerd.limits import MIN_NODE_MAJOR, TOOLCHAIN_PACKAGES
+from runnerd.errors import ToolchainError
+from runnerd.limits import (
+    JS_CHECK_TIMEOUT_S,
+    MIN_NODE_MAJOR,
+    TOOLCHAIN_INSTALL_TIMEOUT_S,
+    TOOLCHAIN_PACKAGES,
+)
 from runnerd.run.runtimes import CLEAN_PATH, SYSTEM_CA, NodeRuntime, clean_env, npm_cli
 
-__all__ = ["Toolchain", "ToolchainError"]
+__all__ = ["Toolchain"]
 
 _CHECK_SCRIPT = Path(__file__).resolve().parent / "js" / "check.mjs"
 _STAMP = "runnerd-toolchain.json"
-
-
-class ToolchainError(RunnerdError):
-    """Node or the toolchain is missing or broken; the message says how to fix it."""
 
 
 class Toolchain:
@@ -99,7 +100,7 @@ class Toolchain:
                     cwd=staging,
                     capture_output=True,
                     text=True,
-                    timeout=600,
+                    timeout=TOOLCHAIN_INSTALL_TIMEOUT_S,
                     env=clean_env(
                         {
                             "PATH": f"{Path(self.node.path).parent}:{CLEAN_PATH}",
@@ -137,7 +138,7 @@ class Toolchain:
             input=json.dumps(files),
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=JS_CHECK_TIMEOUT_S,
             env=clean_env(),
         )
         if proc.returncode != 0:

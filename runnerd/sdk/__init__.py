@@ -12,7 +12,8 @@ A run that started resolves, whatever its status (``succeeded``, ``failed``,
 envelope's ``code``, the precise ``reason`` (``details.code``: ``INVALID_INPUT``,
 ``budget_exhausted``, ``INSUFFICIENT_WORKSPACE_ROLE``...), the HTTP ``status``, the
 ``details`` and ``retry_after`` (seconds, for 429 and 503). ``AsyncAppClient`` is the
-same for asyncio. This module needs only httpx: none of the daemon's parts.
+same for asyncio. This module needs only httpx and runnerd.limits (the numbers it shares
+with the daemon, such as how long a call may take): none of the daemon's parts.
 
 Neither client sends the API key or an input to another origin: a redirect is followed
 only within the daemon's own origin (scheme, host and port), at most ``MAX_REDIRECTS``
@@ -31,11 +32,11 @@ from urllib.parse import quote
 
 import httpx
 
+from runnerd.limits import MAX_CALL_WAIT_S, MAX_REDIRECTS, MAX_RETRY_WAIT_S
+
 __all__ = ["AppBridgeError", "AppClient", "AsyncAppClient", "RunResult", "ToolInfo"]
 
 RETRYABLE = (429, 503)
-MAX_RETRY_WAIT_S = 30.0
-MAX_REDIRECTS = 5  # same-origin hops one request follows (a proxy's path rewrite, not a loop)
 _REDIRECTS = (301, 302, 303, 307, 308)  # the statuses httpx and fetch treat as redirects
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -155,7 +156,7 @@ class _Base:
         app: str | None = None,
         *,
         retries: int = 0,
-        timeout: float = 330.0,
+        timeout: float = MAX_CALL_WAIT_S,
     ) -> None:
         self.url = url.rstrip("/")
         self.api_key = api_key
@@ -309,7 +310,7 @@ class AppClient(_Base):
         app: str | None = None,
         *,
         retries: int = 0,
-        timeout: float = 330.0,
+        timeout: float = MAX_CALL_WAIT_S,
     ) -> None:
         super().__init__(url, api_key, workspace_id, app, retries=retries, timeout=timeout)
         # Redirects are followed by _send alone, which checks each target's origin first.

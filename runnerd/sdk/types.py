@@ -16,6 +16,8 @@ import keyword
 import re
 from typing import Any
 
+from runnerd.limits import MAX_TYPE_DEPTH
+
 __all__ = ["python_types", "typescript_types"]
 
 _IDENT = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$]*$")
@@ -43,7 +45,7 @@ class _Gen:
     # --- TypeScript ---------------------------------------------------------------------
 
     def ts(self, schema: Any, depth: int = 0) -> str:
-        if schema is True or not isinstance(schema, dict) or depth > 32:
+        if schema is True or not isinstance(schema, dict) or depth > MAX_TYPE_DEPTH:
             return "unknown"
         if "$ref" in schema:
             return self._ref(schema["$ref"])
@@ -94,7 +96,7 @@ class _Gen:
     # --- Python -------------------------------------------------------------------------
 
     def py(self, schema: Any, hint: str, depth: int = 0) -> str:
-        if schema is True or not isinstance(schema, dict) or depth > 32:
+        if schema is True or not isinstance(schema, dict) or depth > MAX_TYPE_DEPTH:
             return "Any"
         if "$ref" in schema:
             return self._ref(schema["$ref"])

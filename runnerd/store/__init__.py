@@ -10,7 +10,9 @@ are immutable: triggers refuse any UPDATE or DELETE of a version or its tools.
 from runnerd.store.approvals import ApprovalRow, ApprovalsStore
 from runnerd.store.apps import AppsStore
 from runnerd.store.audit import AuditEntry
-from runnerd.store.core import DB_FILENAME, StoreUnavailable
+from runnerd.store.core import DB_FILENAME
+from runnerd.store.idempotency import IdempotencyStore
+from runnerd.store.nodes import NodesStore
 from runnerd.store.people import PeopleStore
 from runnerd.store.records import (
     AppRecord,
@@ -22,8 +24,6 @@ from runnerd.store.records import (
     VersionRecord,
     WorkspaceRecord,
     hash_key,
-    new_id,
-    utc_now,
 )
 from runnerd.store.runs import BudgetStatus, RunRow, RunsStore, month_end, month_of
 from runnerd.store.schema import MIGRATIONS
@@ -43,7 +43,6 @@ __all__ = [
     "RunRow",
     "SessionRecord",
     "Store",
-    "StoreUnavailable",
     "ToolRecord",
     "UserRecord",
     "VersionRecord",
@@ -51,11 +50,18 @@ __all__ = [
     "hash_key",
     "month_end",
     "month_of",
-    "new_id",
-    "utc_now",
 ]
 
 
-class Store(AppsStore, PeopleStore, RunsStore, SecretsStore, ApprovalsStore, SessionsStore):
+class Store(
+    AppsStore,
+    PeopleStore,
+    NodesStore,
+    RunsStore,
+    SecretsStore,
+    ApprovalsStore,
+    IdempotencyStore,
+    SessionsStore,
+):
     """The database of one runnerd install. Code on the event loop calls it through
     ``io`` (inline on SQLite, on a worker thread on PostgreSQL)."""

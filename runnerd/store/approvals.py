@@ -1,7 +1,7 @@
-"""Approvals of write calls from chat and relays, and idempotency keys of run requests.
+"""Approvals of write calls from chat and relays.
 
-Neither table holds an input: an approval and an idempotency key are bound to the
-SHA-256 of the request (install, version, tool and input), never to the input itself.
+An approval holds no input: it is bound to the SHA-256 of the request (install,
+version, tool and input), never to the input itself.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
+from runnerd.ids import new_id, stamp, utc_now
+from runnerd.model import ApprovalStatus, Surface
 from runnerd.store.audit import AuditStore
-from runnerd.store.records import new_id, stamp, utc_now
 
 
 class ApprovalRow(msgspec.Struct, frozen=True):
@@ -21,9 +22,9 @@ class ApprovalRow(msgspec.Struct, frozen=True):
     version_id: str
     tool: str
     input_hash: str
-    surface: str
+    surface: Surface
     requested_by: str
-    status: str  # pending | approved | denied | expired
+    status: ApprovalStatus
     created_at: str
     expires_at: str
     decided_by: str | None = None
@@ -40,7 +41,7 @@ class ApprovalsStore(AuditStore):
         version_id: str,
         tool: str,
         input_hash: str,
-        surface: str,
+        surface: Surface,
         requested_by: str,
         ttl_s: int,
     ) -> ApprovalRow:
@@ -143,35 +144,3 @@ class ApprovalsStore(AuditStore):
                     detail={"approvalId": approval_id},
                 )
         return [r[0] for r in rows]
-
-    # --- idempotency --------------------------------------------------------------------------
-
-    def claim_idempotency_key(
-        self, user_id: str, key: str, request_hash: str, max_age_s: int
-    ) -> tuple[str, str | None] | None:
-        """Claim ``key`` for this request. None: claimed, go on. Else (hash it was first
-        used with, run id or None while the first call runs). Keys older than
-        ``max_age_s`` are forgotten."""
-        cutoff = stamp(datetime.now(UTC) - timedelta(seconds=max_age_s))
-        with self._write():
-            self.db.execute("DELETE FROM idempotency WHERE created_at < ?", [cutoff])
-            row = self.db.execute(
-                "SELECT request_hash, run_id FROM idempotency WHERE user_id = ? AND key = ?",
-                [user_id, key],
-            ).fetchone()
-            if row is not None:
-                return row[0], row[1]
-            self.db.execute(
-                "INSERT INTO idempotency VALUES (?, ?, ?, NULL, ?)",
-                [user_id, key, request_hash, utc_now()],
-            )
-        return None
-
-    def release_idempotency_key(self, user_id: str, key: str) -> None:
-        """Release a key whose call was refused before its run started, so a retry runs.
-        A key that released a run (``start_run(idempotency=…)``) stays: retries replay it."""
-        with self._write():
-            self.db.execute(
-                "DELETE FROM idempotency WHERE user_id = ? AND key = ? AND run_id IS NULL",
-                [user_id, key],
-            )

@@ -6,16 +6,10 @@ import json
 from typing import Any
 
 from runnerd.errors import VersionExists
+from runnerd.ids import new_id, utc_now
+from runnerd.model import Bundle, Tool
 from runnerd.store.audit import AuditStore
-from runnerd.store.records import (
-    AppRecord,
-    InstallRecord,
-    ToolRecord,
-    VersionRecord,
-    new_id,
-    utc_now,
-)
-from runnerd.upload.bundle import Bundle, Tool
+from runnerd.store.records import AppRecord, InstallRecord, ToolRecord, VersionRecord
 
 
 class AppsStore(AuditStore):

@@ -15,15 +15,12 @@ import sqlite3
 import time
 from pathlib import Path
 
-from runnerd.errors import RunnerdError
+from runnerd.errors import BackupError
+from runnerd.limits import BACKUP_BUSY_TIMEOUT_S, BACKUP_STEP_PAGES
 from runnerd.store.core import DB_FILENAME
 from runnerd.store.schema import MIGRATIONS
 
-__all__ = ["BackupError", "backup", "restore"]
-
-
-class BackupError(RunnerdError):
-    """A backup or restore that cannot be done; the message says why."""
+__all__ = ["backup", "restore"]
 
 
 def _check(path: Path) -> int:
@@ -59,7 +56,7 @@ def _copy(source: sqlite3.Connection, target: Path) -> None:
     dest = sqlite3.connect(str(staging))
     try:
         # Page by page, letting writers in between: a live daemon is never held up long.
-        source.backup(dest, pages=256, sleep=0.001)
+        source.backup(dest, pages=BACKUP_STEP_PAGES, sleep=0.001)
         dest.execute("PRAGMA journal_mode = DELETE")  # one self-contained file
     finally:
         dest.close()
@@ -74,7 +71,7 @@ def backup(data_dir: Path, target: Path) -> int:
     if not db.is_file():
         raise BackupError(f"{data_dir}: no runnerd database here ({DB_FILENAME})")
     target.parent.mkdir(parents=True, exist_ok=True)
-    source = sqlite3.connect(str(db), timeout=30)
+    source = sqlite3.connect(str(db), timeout=BACKUP_BUSY_TIMEOUT_S)
     try:
         _copy(source, target)
     finally:

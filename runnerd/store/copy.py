@@ -3,7 +3,9 @@ PostgreSQL database of a cluster (``runnerd admin copy``), or any store into ano
 
 from __future__ import annotations
 
-from runnerd.store.core import StoreBase, StoreUnavailable
+from runnerd.errors import StoreUnavailable
+from runnerd.limits import COPY_BATCH_ROWS
+from runnerd.store.core import StoreBase
 
 __all__ = ["TABLES", "copy_store"]
 
@@ -14,7 +16,6 @@ TABLES = (
     "publications", "installs", "runs", "install_secrets", "budgets", "budget_usage",
     "ledger", "audit", "approvals", "idempotency", "login_links", "web_sessions",
 )  # fmt: skip
-BATCH = 500
 
 
 def copy_store(source: StoreBase, target: StoreBase) -> dict[str, int]:
@@ -39,7 +40,7 @@ def copy_store(source: StoreBase, target: StoreBase) -> dict[str, int]:
             batch = []
             for row in rows:
                 batch.append(row)
-                if len(batch) >= BATCH:
+                if len(batch) >= COPY_BATCH_ROWS:
                     target.db.insert_all(table, batch)
                     counts[table] += len(batch)
                     batch = []

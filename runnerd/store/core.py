@@ -11,8 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, Self, TypeVar
 
-from runnerd.errors import RunnerdError
+from runnerd.errors import StoreUnavailable
 from runnerd.limits import DB_THREADS
+from runnerd.store.audit_key import audit_key_of, chain_key
 from runnerd.store.db import Database, SQLiteDatabase, open_database
 from runnerd.store.schema import MIGRATIONS
 
@@ -23,11 +24,6 @@ DB_FILENAME = "runnerd.db"
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-
-class StoreUnavailable(RunnerdError):
-    """The database cannot be used: unreachable, or at a schema this runnerd does not
-    serve. The message says what to do."""
 
 
 class StoreBase:
@@ -56,10 +52,8 @@ class StoreBase:
         worker threads for ``io`` on PostgreSQL, each with its own connection.
         ``audit_key``: the audit chain's key, else the one in ``audit_dir`` (a SQLite
         file's folder by default; made from the secrets key file there, as the daemon's
-        is: audit.chain_key), where the trail's checkpoint is kept too; a store with
+        is: audit_key.chain_key), where the trail's checkpoint is kept too; a store with
         neither (a test's database) chains under a key of its own, for its life only."""
-        from runnerd.store.audit import chain_key
-
         if audit_dir is None and isinstance(target, Path):
             audit_dir = target.parent
         keyed = audit_key is not None or audit_dir is not None
@@ -134,7 +128,6 @@ class StoreBase:
         url = settings.database_url
         if migrate is None:
             migrate = not url or url.startswith("sqlite:")
-        from runnerd.store.audit import audit_key_of
 
         settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         key = audit_key_of(settings)

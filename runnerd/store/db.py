@@ -34,9 +34,11 @@ from typing import Any, Protocol
 
 import sqlite_utils
 
+from runnerd.config import redact_url
 from runnerd.errors import DatabaseUnavailable
+from runnerd.limits import POSTGRES_CONNECT_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_S
 
-__all__ = ["Database", "PostgresDatabase", "SQLiteDatabase", "open_database", "redact_url"]
+__all__ = ["Database", "PostgresDatabase", "SQLiteDatabase", "open_database"]
 
 # The advisory lock every PostgreSQL write transaction holds ("runnerd" in ASCII).
 WRITE_LOCK = 0x72756E6E657264
@@ -81,11 +83,6 @@ def open_database(url: str) -> Database:
     raise ValueError(f"database_url {redact_url(url)!r}: expected sqlite:///PATH or postgresql://…")
 
 
-def redact_url(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
-
-
 @lru_cache(maxsize=256)
 def _insert_sql(table: str, columns: tuple[str, ...]) -> str:
     return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
@@ -103,7 +100,7 @@ class SQLiteDatabase:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(path), check_same_thread=False, timeout=10)
+        conn = sqlite3.connect(str(path), check_same_thread=False, timeout=SQLITE_BUSY_TIMEOUT_S)
         self.path = path
         self.where = str(path)
         self.utils = sqlite_utils.Database(conn)
@@ -271,7 +268,10 @@ class PostgresDatabase:
     def _connect(self) -> Any:
         try:
             conn = self._psycopg.connect(
-                self._url, autocommit=True, connect_timeout=5, application_name=APPLICATION_NAME
+                self._url,
+                autocommit=True,
+                connect_timeout=POSTGRES_CONNECT_TIMEOUT_S,
+                application_name=APPLICATION_NAME,
             )
         except self._psycopg.OperationalError as error:
             raise DatabaseUnavailable(_unreachable(self.where, error)) from None

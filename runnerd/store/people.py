@@ -9,16 +9,11 @@ from typing import Any
 
 import msgspec
 
+from runnerd.ids import new_id, utc_now
+from runnerd.limits import IN_LIST_IDS
+from runnerd.model import Role
 from runnerd.store.audit import AuditStore
-from runnerd.store.records import (
-    KeyRecord,
-    MembershipRecord,
-    UserRecord,
-    WorkspaceRecord,
-    hash_key,
-    new_id,
-    utc_now,
-)
+from runnerd.store.records import KeyRecord, MembershipRecord, UserRecord, WorkspaceRecord, hash_key
 
 
 class PeopleStore(AuditStore):
@@ -54,7 +49,7 @@ class PeopleStore(AuditStore):
         workspace_id: str,
         user_id: str,
         *,
-        role: str | None = None,
+        role: Role | None = None,
         apps_access: bool | None = None,
         approver: bool | None = None,
     ) -> MembershipRecord:
@@ -236,8 +231,8 @@ class PeopleStore(AuditStore):
         wanted = set(grants)
         keys = sorted({key_id for key_id, _ in wanted})
         found: set[tuple[str, str]] = set()
-        for start in range(0, len(keys), 500):  # well under any bound-parameter limit
-            chunk = keys[start : start + 500]
+        for start in range(0, len(keys), IN_LIST_IDS):
+            chunk = keys[start : start + IN_LIST_IDS]
             rows = self.db.execute(
                 f"""SELECT k.id, m.workspace_id FROM api_keys k
                     JOIN memberships m ON m.user_id = k.user_id

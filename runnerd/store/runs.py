@@ -15,8 +15,10 @@ from typing import Any
 import msgspec
 
 from runnerd.errors import BudgetExhausted
+from runnerd.ids import new_id, stamp, utc_now
+from runnerd.model import RunEnd, RunStatus, Surface
 from runnerd.store.audit import AuditStore
-from runnerd.store.records import InstallRecord, new_id, stamp, utc_now
+from runnerd.store.records import InstallRecord
 
 LEDGER_KIND_TOOL = "app-tool"  # the usage ledger's kind for a tool run's sandbox time
 
@@ -29,8 +31,7 @@ def month_of(stamp: str) -> str:
 def month_end(month: str) -> str:
     """When a budget month ends (the next month starts), ISO 8601 UTC."""
     start = datetime.strptime(month + "-01", "%Y-%m-%d").replace(tzinfo=UTC)
-    nxt = (start + timedelta(days=32)).replace(day=1)
-    return nxt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return stamp((start + timedelta(days=32)).replace(day=1))
 
 
 class BudgetStatus(msgspec.Struct, frozen=True):
@@ -50,8 +51,8 @@ class RunRow(msgspec.Struct, frozen=True):
     version_id: str
     tool: str
     user_id: str
-    surface: str
-    status: str
+    surface: Surface
+    status: RunStatus
     started_at: str
     workflow_run_id: str | None = None
     duration_ms: int | None = None
@@ -150,7 +151,7 @@ class RunsStore(AuditStore):
         install: InstallRecord,
         tool: str,
         user_id: str,
-        surface: str,
+        surface: Surface,
         timeout_ms: int = 0,
         version_id: str | None = None,
         workflow_run_id: str | None = None,
@@ -213,7 +214,7 @@ class RunsStore(AuditStore):
         self,
         run_id: str,
         *,
-        status: str,
+        status: RunEnd,
         duration_ms: int,
         error_kind: str | None = None,
         key_id: str | None = None,
@@ -232,7 +233,7 @@ class RunsStore(AuditStore):
     def _finish(
         self,
         run_id: str,
-        status: str,
+        status: RunEnd,
         duration_ms: int,
         error_kind: str | None,
         key_id: str | None,
@@ -355,75 +356,6 @@ class RunsStore(AuditStore):
             )
             closed.append(run_id)
         return closed
-
-    # --- nodes ----------------------------------------------------------------------------
-
-    def join(self, host: str, pid: int, version: str, lease_s: float) -> str:
-        """Serve this database as a new node: its id (runs it starts carry it). On a
-        SQLite file there is one node at a time (the data dir's lock), so every node
-        before this one is over."""
-        node_id = new_id("node")
-        now = datetime.now(UTC)
-        with self._write():
-            if self.db.dialect == "sqlite":
-                self.db.execute(
-                    "UPDATE nodes SET stopped_at = ? WHERE stopped_at IS NULL", [stamp(now)]
-                )
-            self.db.execute(
-                "INSERT INTO nodes VALUES (?, ?, ?, ?, ?, ?, NULL)",
-                [node_id, host, pid, version, stamp(now),
-                 stamp(now + timedelta(seconds=lease_s))],
-            )  # fmt: skip
-        self.node_id = node_id
-        return node_id
-
-    def renew_lease(self, lease_s: float) -> bool:
-        """Extend this node's lease. False when it had run out and another node has
-        closed this node's runs (its later results change nothing)."""
-        until = stamp(datetime.now(UTC) + timedelta(seconds=lease_s))
-        with self._write():
-            cur = self.db.execute(
-                "UPDATE nodes SET lease_until = ? WHERE id = ? AND stopped_at IS NULL",
-                [until, self.node_id],
-            )
-            return bool(cur.rowcount)
-
-    def leave(self) -> None:
-        """This node stops; its runs are closed already (a graceful stop)."""
-        with self._write():
-            self.db.execute(
-                "UPDATE nodes SET stopped_at = ? WHERE id = ?", [utc_now(), self.node_id]
-            )
-
-    def recover_lost_nodes(self) -> list[str]:
-        """Close the runs of nodes whose lease ran out (killed, or cut off), once: the
-        nodes are marked stopped in the same transaction. The closed runs' ids."""
-        now = utc_now()
-        with self._write():
-            lost = [
-                row[0]
-                for row in self.db.execute(
-                    "SELECT id FROM nodes WHERE stopped_at IS NULL AND lease_until < ?", [now]
-                ).fetchall()
-            ]
-            rows = self.db.execute(
-                """SELECT id FROM runs WHERE status = 'running' AND (node_id IS NULL
-                   OR node_id IN (SELECT id FROM nodes WHERE stopped_at IS NOT NULL
-                                  OR lease_until < ?))""",
-                [now],
-            ).fetchall()
-            for node in lost:
-                self.db.execute("UPDATE nodes SET stopped_at = ? WHERE id = ?", [now, node])
-            return self._interrupt([row[0] for row in rows])
-
-    def live_nodes(self) -> list[dict[str, Any]]:
-        now = utc_now()
-        return list(
-            self.db.query(
-                "SELECT * FROM nodes WHERE stopped_at IS NULL AND lease_until >= ? ORDER BY id",
-                [now],
-            )
-        )
 
     def get_run(self, run_id: str) -> RunRow | None:
         rows = list(self.db.query(_RUN_SQL + " WHERE r.id = ?", [run_id]))

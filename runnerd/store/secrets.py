@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from runnerd.ids import utc_now
 from runnerd.store.audit import AuditStore
-from runnerd.store.records import utc_now
 
 SealedRow = tuple[str, str, str, bytes, bytes]  # install id, name, key id, nonce, ciphertext
 

@@ -14,8 +14,9 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
+from runnerd.ids import stamp, utc_now
 from runnerd.store.audit import AuditStore
-from runnerd.store.records import hash_key, utc_now
+from runnerd.store.records import hash_key
 
 __all__ = ["SessionRecord", "SessionsStore"]
 
@@ -29,8 +30,7 @@ class SessionRecord(msgspec.Struct, frozen=True):
 
 
 def _later(seconds: int) -> str:
-    later = datetime.now(UTC) + timedelta(seconds=seconds)
-    return later.isoformat(timespec="milliseconds").replace("+00:00", "Z")  # as utc_now
+    return stamp(datetime.now(UTC) + timedelta(seconds=seconds))
 
 
 class SessionsStore(AuditStore):

@@ -1,2 +1,3 @@
-"""Uploading an app: read the bundle, check every file and the code, build the package
-environments, store the version."""
+"""Uploading an app: read its folder (walk), check each tool file (tool_file) and the whole
+bundle with its code (bundle, code, pins, yamlfile), and build the package environments its
+tools need (deploy). Storing the version is the store's."""

@@ -11,7 +11,9 @@ import ast
 
 import msgspec
 
-from runnerd.run.toolchain import Toolchain, ToolchainError
+from runnerd.errors import ToolchainError
+from runnerd.model import Language, ModuleFormat
+from runnerd.run.toolchain import Toolchain
 from runnerd.upload.pins import pin_name
 
 __all__ = ["CodeCheck", "SourceFile", "check_code"]
@@ -19,7 +21,7 @@ __all__ = ["CodeCheck", "SourceFile", "check_code"]
 
 class SourceFile(msgspec.Struct, frozen=True):
     path: str  # relative to the app root, as problems name it
-    language: str  # python | javascript | typescript
+    language: Language
     source: str
     packages: tuple[str, ...] = ()  # normalized pins, to check imports against
 
@@ -29,10 +31,10 @@ class CodeCheck(msgspec.Struct):
 
     problems: list[tuple[int | None, str]] = msgspec.field(default_factory=list)
     # What the jail runs when it is not the source: TypeScript compiled, or an ES module
-    # that needs no module loader compiled to CommonJS; module_format is its format
-    # (esm | cjs), for JavaScript and TypeScript.
+    # that needs no module loader compiled to CommonJS; module_format is its format,
+    # for JavaScript and TypeScript.
     compiled_js: str | None = None
-    module_format: str | None = None
+    module_format: ModuleFormat | None = None
 
 
 def check_code(files: list[SourceFile], toolchain: Toolchain | None) -> dict[str, CodeCheck]:

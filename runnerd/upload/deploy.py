@@ -1,16 +1,17 @@
-"""The app lifecycle's checks: what a deploy runs before it stores a version."""
+"""What a deploy runs before it stores a version: every check of the upload, and the
+package environments its tools need."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from runnerd.errors import BundleRejected, Problem
-from runnerd.run.package_envs import EnvBuildFailed, EnvManager
+from runnerd.errors import BundleRejected, EnvBuildFailed
+from runnerd.model import Bundle, Problem
+from runnerd.run.package_envs import EnvManager
 from runnerd.run.toolchain import Toolchain
-from runnerd.store import Store, VersionRecord
-from runnerd.upload.bundle import Bundle, load_bundle
+from runnerd.upload.bundle import load_bundle
 
-__all__ = ["check_upload", "upload_version"]
+__all__ = ["check_upload"]
 
 
 def check_upload(
@@ -35,20 +36,3 @@ def check_upload(
         if problems:
             raise BundleRejected(problems)
     return bundle
-
-
-def upload_version(
-    store: Store,
-    files: Mapping[str, bytes],
-    *,
-    toolchain: Toolchain | None,
-    envs: EnvManager | None = None,
-    workspace_id: str | None = None,
-) -> tuple[VersionRecord, Bundle]:
-    """Check the uploaded ``files`` and store them as a new immutable version, all or nothing.
-
-    Raises BundleRejected (with every problem) or VersionExists; in both cases the store
-    is unchanged.
-    """
-    bundle = check_upload(files, toolchain=toolchain, envs=envs)
-    return store.add_version(bundle, workspace_id=workspace_id), bundle

@@ -12,6 +12,9 @@ import re
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from runnerd.limits import MAX_NPM_NAME_CHARS
+from runnerd.model import Language
+
 __all__ = ["PinError", "normalize_pin", "pin_name"]
 
 _SEMVER = re.compile(
@@ -38,7 +41,7 @@ def pin_name(pin: str) -> str:
     return pin[: pin.rindex("@")]
 
 
-def normalize_pin(entry: str, language: str) -> str:
+def normalize_pin(entry: str, language: Language) -> str:
     """The canonical form of ``entry`` for a tool in ``language``; raise PinError if refused."""
     entry = entry.strip()
     if language == "python":
@@ -58,7 +61,7 @@ def _npm(entry: str) -> str:
     name, version = entry[:at], entry[at + 1 :]
     if _URLISH.search(version) or _URLISH.search(name):
         raise PinError(f"{entry!r} is a URL, path or git reference: pin a registry version")
-    if not _NPM_NAME.fullmatch(name) or len(name) > 214:
+    if not _NPM_NAME.fullmatch(name) or len(name) > MAX_NPM_NAME_CHARS:
         raise PinError(f"{name!r} is not a valid npm package name")
     if _SEMVER.fullmatch(version):
         return f"{name}@{version}"

@@ -9,8 +9,8 @@ the daemon"):
   connection (idle keep-alive connections close after uvicorn's 5 s, as before). Bytes
   that begin no request (blank lines) start the clock too. A head past the time is
   answered 408 and closed;
-- a head holds at most ``MAX_HEAD_BYTES`` and ``MAX_HEAD_FIELDS`` fields: past that, 431
-  and closed;
+- a head holds at most ``MAX_REQUEST_HEAD_BYTES`` and ``MAX_REQUEST_HEAD_FIELDS`` fields:
+  past that, 431 and closed;
 - a body may pause at most ``http_body_timeout_s`` between two bytes (not counting the
   time the daemon itself stops reading, while the app has not taken what came): past it,
   408 (if nothing was answered yet) and closed. The same bound holds the other way: an
@@ -51,19 +51,22 @@ from typing import Any, ClassVar
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from runnerd.api.errors import ApiError, code_for_status, error_response
+from runnerd.api.errors import envelope, error_response
+from runnerd.errors import RequestHeadTooLarge, RequestTimeout, RunnerdError, TooManyConnections
+from runnerd.limits import (
+    CUT_ANSWERS_PER_S,
+    CUT_LOG_EVERY_S,
+    MAX_REQUEST_HEAD_BYTES,
+    MAX_REQUEST_HEAD_FIELDS,
+    STREAM_GRACE_S,
+)
 from runnerd.metrics import METRICS
 
 __all__ = ["ConnectionLimits", "client_key", "protocol_class"]
 
 log = logging.getLogger("runnerd")
 
-MAX_HEAD_BYTES = 32 * 1024  # request line + headers of one request (nginx: 4 x 8 KB buffers)
-MAX_HEAD_FIELDS = 100  # header fields of one request (Apache's LimitRequestFields)
-_LOG_EVERY_S = 10.0  # cuts are logged as counts, at most once in this time
-_ANSWERS_PER_S = 100  # cut connections answered (408, 431, 503) a second, past that closed
 _RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
-STREAM_GRACE_S = 3.0  # an answer still going this long after its head is a stream (evictable)
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ class _Registry:
         self.clients: dict[str, _Pool] = {}
         self.cuts: dict[str, int] = {}
         self.logged_at = time.monotonic()
-        self.answers = float(_ANSWERS_PER_S)  # a token bucket of answers to cut connections
+        self.answers = float(CUT_ANSWERS_PER_S)  # a token bucket of answers to cut connections
         self.answers_at = self.logged_at
 
     def admit(self, conn: LimitedHttpProtocol) -> bool:
@@ -214,7 +217,9 @@ class _Registry:
         """Whether a cut connection may still get its answer: a write to a socket costs
         ~0.1 ms of the event loop, and a flood of cuts would spend it on the attacker."""
         now = time.monotonic()
-        self.answers = min(_ANSWERS_PER_S, self.answers + (now - self.answers_at) * _ANSWERS_PER_S)
+        self.answers = min(
+            CUT_ANSWERS_PER_S, self.answers + (now - self.answers_at) * CUT_ANSWERS_PER_S
+        )
         self.answers_at = now
         if self.answers < 1:
             return False
@@ -222,10 +227,10 @@ class _Registry:
         return True
 
     def note(self, cut: str) -> None:
-        """Count a cut; log the counts at most every _LOG_EVERY_S (never per connection)."""
+        """Count a cut; log the counts at most every CUT_LOG_EVERY_S (never per connection)."""
         self.cuts[cut] = self.cuts.get(cut, 0) + 1
         now = time.monotonic()
-        if now - self.logged_at >= _LOG_EVERY_S:
+        if now - self.logged_at >= CUT_LOG_EVERY_S:
             counts = ", ".join(f"{kind} {n}" for kind, n in sorted(self.cuts.items()))
             log.warning(
                 "http connections: %s in %.0f s (%d open, from %d client(s))",
@@ -238,10 +243,11 @@ class _Registry:
             self.logged_at = now
 
 
-_ANSWERS: dict[int, tuple[str, str, dict[str, str] | None]] = {
-    408: ("REQUEST_TIMEOUT", "The request did not arrive in time", None),
-    431: ("REQUEST_HEAD_TOO_LARGE", "The request head is too large", None),
-    503: ("TOO_MANY_CONNECTIONS", "Too many connections from this client", {"Retry-After": "1"}),
+# What a cut connection is told, by status (the errors carry reason, message and headers).
+_ANSWERS: dict[int, RunnerdError] = {
+    408: RequestTimeout(),
+    431: RequestHeadTooLarge(),
+    503: TooManyConnections(),
 }
 _PHRASES = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 _BUILT: dict[int, bytes] = {}
@@ -253,12 +259,9 @@ def _answer(status: int) -> bytes:
     is answered at the cost of a write."""
     built = _BUILT.get(status)
     if built is not None:
-        METRICS.refusals.labels(_ANSWERS[status][0]).inc()
+        METRICS.refusals.labels(str(_ANSWERS[status].reason)).inc()
         return built
-    reason, message, headers = _ANSWERS[status]
-    response = error_response(
-        ApiError(code_for_status(status), message, details={"code": reason}, headers=headers)
-    )
+    response = error_response(envelope(_ANSWERS[status]))
     head = [b"HTTP/1.1 %d %s\r\n" % (status, _PHRASES.get(status, b"Service Unavailable"))]
     head += [name + b": " + value + b"\r\n" for name, value in response.raw_headers]
     built = _BUILT[status] = b"".join([*head, b"connection: close\r\n\r\n", response.body])
@@ -385,7 +388,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_url(self, url: bytes) -> None:
         self._head_bytes += len(url)
-        if self._head_bytes > MAX_HEAD_BYTES:
+        if self._head_bytes > MAX_REQUEST_HEAD_BYTES:
             raise _HeadTooLarge
         self.url += url
 
@@ -393,7 +396,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         # uvicorn's own on_header, inlined: it runs for every header of every request.
         self._head_bytes += len(name) + len(value) + 4
         self._head_fields += 1
-        if self._head_bytes > MAX_HEAD_BYTES or self._head_fields > MAX_HEAD_FIELDS:
+        if self._head_bytes > MAX_REQUEST_HEAD_BYTES or self._head_fields > MAX_REQUEST_HEAD_FIELDS:
             raise _HeadTooLarge
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":

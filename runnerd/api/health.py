@@ -1,0 +1,60 @@
+"""Whether the daemon is alive (``/healthz``) and ready to serve calls (``/readyz``):
+no authentication, for load balancers and service managers."""
+
+from __future__ import annotations
+
+import os
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runnerd.api.bodies import Health
+from runnerd.api.ops import Op, json_response
+from runnerd.api.state import AppState
+from runnerd.errors import NotReady
+
+__all__ = ["OPS"]
+
+
+async def healthz(request: Request, state: AppState) -> Response:
+    return json_response(Health(status="ok"))
+
+
+async def readyz(request: Request, state: AppState) -> Response:
+    """Ready: the store answers, nsjail can be run, and a Python or a Node was found;
+    503 SERVICE_UNAVAILABLE with each check's finding otherwise."""
+    checks: dict[str, str] = {}
+    try:
+        await state.store.io(state.store.ping)
+        checks["store"] = "ok"
+    except Exception as exc:
+        checks["store"] = f"error: {type(exc).__name__}"
+    nsjail = state.machine.sandbox.nsjail
+    checks["nsjail"] = "ok" if os.access(nsjail, os.X_OK) else f"missing: {nsjail}"
+    rt = state.machine.runtimes
+    checks["python"] = rt.python.version if rt.python else "missing"
+    checks["node"] = rt.node.version if rt.node else "missing"
+    checks["cgroups"] = state.machine.cgroups.mode
+    ready = (
+        checks["store"] == "ok"
+        and checks["nsjail"] == "ok"
+        and (rt.python is not None or rt.node is not None)
+    )
+    if not ready:
+        raise NotReady(checks)
+    return json_response(Health(status="ready", checks=checks))
+
+
+OPS: list[Op] = [
+    Op("GET", "/healthz", "healthz", "Alive", healthz, Health, errors=(500,), authenticated=False),
+    Op(
+        "GET",
+        "/readyz",
+        "readyz",
+        "Ready: store open, nsjail usable, a runtime found",
+        readyz,
+        Health,
+        errors=(500, 503),
+        authenticated=False,
+    ),
+]

@@ -1,0 +1,45 @@
+"""Idempotency keys of run requests: a retry with the same key replays the first run.
+
+A key holds no input: it is bound to the SHA-256 of the request (install, version, tool
+and input), never to the input itself. The key that claimed a run is given the run's id
+in the run's own transaction (``RunsStore.start_run``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from runnerd.ids import stamp, utc_now
+from runnerd.store.core import StoreBase
+
+
+class IdempotencyStore(StoreBase):
+    def claim_idempotency_key(
+        self, user_id: str, key: str, request_hash: str, max_age_s: int
+    ) -> tuple[str, str | None] | None:
+        """Claim ``key`` for this request. None: claimed, go on. Else (hash it was first
+        used with, run id or None while the first call runs). Keys older than
+        ``max_age_s`` are forgotten."""
+        cutoff = stamp(datetime.now(UTC) - timedelta(seconds=max_age_s))
+        with self._write():
+            self.db.execute("DELETE FROM idempotency WHERE created_at < ?", [cutoff])
+            row = self.db.execute(
+                "SELECT request_hash, run_id FROM idempotency WHERE user_id = ? AND key = ?",
+                [user_id, key],
+            ).fetchone()
+            if row is not None:
+                return row[0], row[1]
+            self.db.execute(
+                "INSERT INTO idempotency VALUES (?, ?, ?, NULL, ?)",
+                [user_id, key, request_hash, utc_now()],
+            )
+        return None
+
+    def release_idempotency_key(self, user_id: str, key: str) -> None:
+        """Release a key whose call was refused before its run started, so a retry runs.
+        A key that released a run (``start_run(idempotency=…)``) stays: retries replay it."""
+        with self._write():
+            self.db.execute(
+                "DELETE FROM idempotency WHERE user_id = ? AND key = ? AND run_id IS NULL",
+                [user_id, key],
+            )
