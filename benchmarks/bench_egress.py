@@ -58,7 +58,7 @@ def run(input):
 """
 
 
-def engine_python() -> str:
+def jails_python() -> str:
     from runnerd.run.runtimes import find_runtimes
 
     runtime = find_runtimes(None, "node").python
@@ -83,20 +83,20 @@ def _median(values: list[float]) -> float:
 
 
 async def _runs(
-    engine: Machine, tool: Tool, value: dict[str, str], grant: tuple[str, ...], runs: int
+    machine: Machine, tool: Tool, value: dict[str, str], grant: tuple[str, ...], runs: int
 ) -> tuple[list[float], list[float]]:
     """Whole-run latencies, and the call times the tool measured (if it reports them)."""
     whole, inside = [], []
-    await engine.pipeline.run(tool, value, egress=grant)  # starts the pool of this kind
+    await machine.pipeline.run(tool, value, egress=grant)  # starts the pool of this kind
     for _ in range(runs + 1):
         await asyncio.sleep(0.15)  # the pool refills, as under a steady load
         started = time.perf_counter()
-        result = await engine.pipeline.run(tool, value, egress=grant, logs=False)
+        result = await machine.pipeline.run(tool, value, egress=grant, logs=False)
         whole.append((time.perf_counter() - started) * 1000)
         assert result.status == "succeeded", result.error
         if result.output and "ms" in result.output:
             inside.append(result.output["ms"])
-    await engine.sandbox.close()
+    await machine.sandbox.close()
     return whole[1:], inside[1:]
 
 
@@ -118,7 +118,7 @@ def main() -> None:
         direct_ms = [direct() for _ in range(args.runs)]
         # A tool's process is new at every run: its first TLS handshake is a cold one. The
         # same GET from a new host process (the jail's Python, timed the same way).
-        fresh_ms = [_fresh_process_get(engine_python(), url, lab.ca_pem) for _ in range(args.runs)]
+        fresh_ms = [_fresh_process_get(jails_python(), url, lab.ca_pem) for _ in range(args.runs)]
         data = Path(tempfile.mkdtemp(prefix="runnerd-bench-", dir="/tmp"))
         data.chmod(0o711)
         settings = load_settings(
@@ -128,13 +128,13 @@ def main() -> None:
         )  # fmt: skip
         grant = (f"{lab.server_ip}:{HTTPS_PORT}",)
         value = {"url": url, "ca": lab.ca_pem}
-        engine = build_machine(settings, warm=2)
+        machine = build_machine(settings, warm=2)
         call_whole, call_inside = asyncio.run(
-            _runs(engine, bench_tool(engine, "call", ".py", CALL), value, grant, args.runs)
+            _runs(machine, bench_tool(machine, "call", ".py", CALL), value, grant, args.runs)
         )
-        engine = build_machine(settings, warm=2)
-        prepare = bench_tool(engine, "prepare", ".py", PREPARE)
-        plain_whole, _ = asyncio.run(_runs(engine, prepare, value, (), args.runs))
+        machine = build_machine(settings, warm=2)
+        prepare = bench_tool(machine, "prepare", ".py", PREPARE)
+        plain_whole, _ = asyncio.run(_runs(machine, prepare, value, (), args.runs))
     direct_median, through = _median(direct_ms), _median(call_inside)
     whole, without = _median(call_whole), _median(plain_whole)
     for name, value_ms in (

@@ -36,18 +36,18 @@ def _time(fn: Callable[[], object], runs: int) -> list[float]:
     return out
 
 
-async def _warm_calls(engine: Machine, tool: Tool, runs: int) -> list[float]:
+async def _warm_calls(machine: Machine, tool: Tool, runs: int) -> list[float]:
     """Call latency with a waiting jail: the pool refills between calls (a pause long
     enough for one jail start), as it does under a steady load below the pool size."""
     out = []
-    await engine.pipeline.run(tool, {"n": 1})  # starts the pool of this kind
+    await machine.pipeline.run(tool, {"n": 1})  # starts the pool of this kind
     for _ in range(runs + 1):
         await asyncio.sleep(0.15)
         start = time.perf_counter()
-        result = await engine.pipeline.run(tool, {"n": 1}, logs=False)  # as the daemon calls
+        result = await machine.pipeline.run(tool, {"n": 1}, logs=False)  # as the daemon calls
         out.append((time.perf_counter() - start) * 1000)
         assert result.status == "succeeded", result.error
-    await engine.sandbox.close()
+    await machine.sandbox.close()
     return out[1:]
 
 
@@ -57,8 +57,8 @@ def main() -> None:
     args = parser.parse_args()
     data = Path(tempfile.mkdtemp(prefix="runnerd-bench-", dir="/tmp"))
     data.chmod(0o711)
-    engine = build_machine(load_settings(flags={"data_dir": data}))
-    rt = engine.runtimes
+    machine = build_machine(load_settings(flags={"data_dir": data}))
+    rt = machine.runtimes
     assert rt.python is not None and rt.node is not None
     env = clean_env()
 
@@ -67,26 +67,26 @@ def main() -> None:
 
     def tool_run(tool: Tool) -> Callable[[], object]:
         def go() -> object:
-            result = asyncio.run(engine.pipeline.run(tool, {"n": 1}))
+            result = asyncio.run(machine.pipeline.run(tool, {"n": 1}))
             assert result.status == "succeeded", result.error
             return result
 
         return go
 
-    py_tool = bench_tool(engine, "py", ".py", "def run(input):\n    return {'n': input['n']}\n")
-    js_tool = bench_tool(engine, "js", ".mjs", "export function run(i) { return { n: i.n } }\n")
+    py_tool = bench_tool(machine, "py", ".py", "def run(input):\n    return {'n': input['n']}\n")
+    js_tool = bench_tool(machine, "js", ".mjs", "export function run(i) { return { n: i.n } }\n")
     ts_tool = bench_tool(
-        engine, "ts", ".ts", "export function run(i: { n: number }) {\n  return { n: i.n }\n}\n"
+        machine, "ts", ".ts", "export function run(i: { n: number }) {\n  return { n: i.n }\n}\n"
     )
     rows = {
         "python3 -I -S -c pass (bare)": sh([rt.python.executable, "-I", "-S", "-c", "pass"]),
         "nsjail + python3 -c pass (bare)": sh(
-            bare_jail(engine, [rt.python.executable, "-I", "-S", "-c", "pass"], rt.python.mounts)
+            bare_jail(machine, [rt.python.executable, "-I", "-S", "-c", "pass"], rt.python.mounts)
         ),
         "runnerd: trivial Python tool": tool_run(py_tool),
         "node -e 0 (bare, clean env)": sh([rt.node.path, "-e", "0"]),
         "nsjail + node -e 0 (bare)": sh(
-            bare_jail(engine, [rt.node.path, "-e", "0"], rt.node.mounts)
+            bare_jail(machine, [rt.node.path, "-e", "0"], rt.node.mounts)
         ),
         "runnerd: trivial JavaScript tool": tool_run(js_tool),
         "runnerd: trivial TypeScript tool": tool_run(ts_tool),
@@ -101,7 +101,7 @@ def main() -> None:
         warm = build_machine(load_settings(flags={"data_dir": data}), warm=1)
         results[label] = asyncio.run(_warm_calls(warm, tool, args.runs))
     med = {name: statistics.median(v) for name, v in results.items()}
-    print(f"runs per row: {args.runs}; cgroups: {engine.cgroups.mode}")
+    print(f"runs per row: {args.runs}; cgroups: {machine.cgroups.mode}")
     print(f"{'':40} {'median ms':>10} {'p95 ms':>8}")
     for name, values in results.items():
         p95 = sorted(values)[int(len(values) * 0.95) - 1]

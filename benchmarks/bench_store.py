@@ -135,11 +135,11 @@ def main() -> None:
 
     data = Path(tempfile.mkdtemp(prefix="runnerd-bench-", dir="/tmp"))
     data.chmod(0o711)
-    engine = build_machine(load_settings(flags={"data_dir": data}))
-    python = engine.runtimes.python
+    machine = build_machine(load_settings(flags={"data_dir": data}))
+    python = machine.runtimes.python
     assert python is not None
     env = clean_env()
-    bare = bare_jail(engine, [python.executable, "-I", "-S", "-c", "pass"], python.mounts)
+    bare = bare_jail(machine, [python.executable, "-I", "-S", "-c", "pass"], python.mounts)
 
     def spawn(argv: list[str]) -> Callable[[], object]:
         return lambda: subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)

@@ -34,6 +34,7 @@ __all__ = [
     "AppOwnedByAnotherWorkspace",
     "ApprovalNotFound",
     "ApprovalNotPending",
+    "ApprovalOfAnotherCall",
     "ApprovalRequestLost",
     "ApprovalUnavailable",
     "AskerNoLongerAllowed",
@@ -472,6 +473,11 @@ class ApprovalNotPending(ApprovalUnavailable):
     reason, status = "APPROVAL_NOT_PENDING", 409
 
 
+class ApprovalOfAnotherCall(ApprovalUnavailable):
+    """A confirmation names an approval held for another call (another install, tool or
+    input). Only MCP's confirmed retry meets it, and answers it as an MCP error."""
+
+
 class ApprovalRequestLost(ApprovalUnavailable):
     """The daemon restarted since the call was held: its input is gone; call again."""
 
@@ -535,8 +541,8 @@ class NotAMember(RunnerdError):
 
     reason, status = "NOT_A_MEMBER", 400
 
-    def __init__(self, email: str) -> None:
-        super().__init__(f"{email} is not a person of this workspace: add them first")
+    def __init__(self, email: str, where: str = "this workspace") -> None:
+        super().__init__(f"{email} is not a person of {where}: add them first")
 
 
 class InvalidScopes(RunnerdError):

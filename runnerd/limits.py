@@ -51,7 +51,7 @@ SOURCE_LANGUAGES: Final[dict[str, Language]] = {
     ".py": "python",
 }
 
-# --- Calls ----------------------------------------------------------------------------------
+# --- A call and its run ---------------------------------------------------------------------
 
 MAX_INPUT_BYTES: Final = 256 * KB  # a call's input is at most 256 KB
 MAX_OUTPUT_BYTES: Final = 1 * MB  # a run's output is at most 1 MB
@@ -91,6 +91,8 @@ MAX_SCRUB_MEMORY: Final = 64 * MB
 # --- Secrets --------------------------------------------------------------------------------
 
 MAX_SECRET_BYTES: Final = 32 * KB  # runnerd: an API key or a certificate, not a file
+# runnerd: a secret's name is an environment variable name: a word, not a sentence.
+MAX_SECRET_NAME_CHARS: Final = 128
 # runnerd: a shorter fragment of a secret would match ordinary text, so it is not scrubbed;
 # for the same reason a secret value is at least this long.
 MIN_SCRUB_CHARS: Final = 4
@@ -98,6 +100,14 @@ MIN_SCRUB_CHARS: Final = 4
 MIN_FOLDED_CHARS: Final = 8
 
 # --- Request bodies and sign-in on the HTTP API ---------------------------------------------
+
+# runnerd: an id runnerd gives out (ids.new_id: a prefix, "_" and 26 characters) or a name
+# it gives (an audit action), as a path or query parameter; longer is no id of runnerd's.
+MAX_ID_CHARS: Final = 64
+# The app manifest's schema (schemas/agentserve.app.schema.json): an app's slug and a
+# version string are at most 64 characters each.
+MAX_SLUG_CHARS: Final = 64
+MAX_VERSION_CHARS: Final = 64
 
 # runnerd: a body of a few fields (sign-in, a member, a key, an install, a switch, a grant,
 # a budget); far larger is refused unread.

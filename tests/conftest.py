@@ -58,10 +58,10 @@ def run_cli(
     )
 
 
-def engine_env(engine: Machine) -> dict[str, str]:
-    """The variables that make a local ``runnerd`` command use ``engine``'s data dir,
+def machine_env(machine: Machine) -> dict[str, str]:
+    """The variables that make a local ``runnerd`` command use ``machine``'s data dir,
     toolchain and sandbox uids."""
-    s = engine.settings
+    s = machine.settings
     return {
         "RUNNERD_TOOLCHAIN_DIR": str(s.toolchain_path),
         "RUNNERD_DATA_DIR": str(s.data_dir),
@@ -317,11 +317,11 @@ def upload_version(
     return store.add_version(bundle), bundle
 
 
-# --- the run machinery: one engine per test session, real nsjail ------------------------------
+# --- the run machinery: one machine per test session, real nsjail ------------------------------
 
 
 @pytest.fixture(scope="session")
-def engine(toolchain_dir: Path) -> Iterator[Machine]:
+def machine(toolchain_dir: Path) -> Iterator[Machine]:
     # Not under pytest's 0700 tmp folder: jails' uids must be able to enter the data dir.
     data = Path(tempfile.mkdtemp(prefix="runnerd-test-", dir="/tmp"))
     data.chmod(0o711)
@@ -339,7 +339,7 @@ def engine(toolchain_dir: Path) -> Iterator[Machine]:
 
 
 def make_tool(
-    engine: Machine,
+    machine: Machine,
     source: str,
     *,
     ext: str = ".py",
@@ -365,14 +365,14 @@ def make_tool(
         f"{name}.tool.yaml": json.dumps(doc).encode(),
         f"{name}{ext}": source.encode(),
     }
-    [tool] = load_bundle(files, toolchain=engine.toolchain).tools
+    [tool] = load_bundle(files, toolchain=machine.toolchain).tools
     if packages:
-        engine.envs.ensure_sync(tool.language, tool.packages)
+        machine.envs.ensure_sync(tool.language, tool.packages)
     return tool
 
 
-def run_tool(engine: Machine, tool: Tool, value: Any = None, **kw: Any) -> RunResult:
-    return asyncio.run(engine.pipeline.run(tool, {} if value is None else value, **kw))
+def run_tool(machine: Machine, tool: Tool, value: Any = None, **kw: Any) -> RunResult:
+    return asyncio.run(machine.pipeline.run(tool, {} if value is None else value, **kw))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -25,6 +25,7 @@ import httpx
 from daemon import Runnerd, new_data_dir, runnerd_env
 from runnerd.config import load_settings
 from runnerd.daemon.app import create_app
+from runnerd.govern.people import bootstrap
 from runnerd.run.runtimes import Runtimes, find_runtimes
 from runnerd.store import Store
 
@@ -107,13 +108,8 @@ def _runtimes(python: str | None, node: str) -> Runtimes:
 def _bootstrap(store: Store) -> tuple[str, str]:
     """What ``runnerd admin bootstrap --workspace Acme --email ada@example.com`` makes:
     the workspace, its admin and a personal key; (workspace id, key)."""
-    workspace = store.create_workspace("Acme")
-    user = store.ensure_user("ada@example.com")
-    store.set_membership(workspace.id, user.id, role="admin", apps_access=True)
-    _, key = store.create_key(
-        kind="personal", user_id=user.id, name="bootstrap", audit_workspace_id=workspace.id
-    )
-    return workspace.id, key
+    made = bootstrap(store, "Acme", "ada@example.com")
+    return made.workspace_id, made.api_key
 
 
 @contextmanager

@@ -4,15 +4,21 @@ lifecycle, errors, limits. What runs tools is in test_api_daemon.py, on a real d
 
 from __future__ import annotations
 
+import base64
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from conftest import EXAMPLE, write_app
 from daemon import envelope
 from inproc import InProcess, in_process
+from runnerd.store import Store
+from runnerd.upload.walk import read_app_dir
 
 # The tests on the module's app run on both stores.
 BACKENDS = ("sqlite", "postgresql")
@@ -214,6 +220,37 @@ def test_refusals_before_the_start_are_envelopes(
     )
 
 
+def test_run_by_reference_refuses_as_before_with_the_governor_deciding(
+    app_daemon: InProcess, install: dict[str, Any]
+) -> None:
+    """Who may run is the governor's to say (and audit, tests/test_governor_surfaces.py);
+    the answers by reference are those they were: someone outside the workspace, a viewer
+    and a member without the Apps module are refused (with or without an install of the
+    app), a member is told there is no such install, and gets the input's refusal."""
+
+    def by_reference(key: str, slug: str = "deal-desk", value: Any = OFFER) -> httpx.Response:
+        return app_daemon.call(
+            "POST",
+            f"/api/v2/apps/tools/{slug}/score_offer/run",
+            key,
+            params={"workspaceId": app_daemon.workspace_id},
+            json={"input": value},
+        )
+
+    other = app_daemon.store().create_workspace("Elsewhere").id
+    outsider = app_daemon.person("ref-outsider@example.com", workspace_id=other)
+    viewer = app_daemon.person("ref-viewer@example.com", role="viewer")
+    no_apps = app_daemon.person("ref-no-apps@example.com", apps_access=False)
+    for key in (outsider, viewer, no_apps):
+        for slug in ("deal-desk", "no-such-app"):
+            envelope(by_reference(key, slug), 403, "INSUFFICIENT_WORKSPACE_ROLE")
+    member = app_daemon.person("ref-member@example.com")
+    missing = envelope(by_reference(member, "no-such-app"), 404, "INSTALL_NOT_FOUND")
+    assert missing["message"] == "The workspace has no install of this app"
+    bad = envelope(by_reference(member, value={**OFFER, "tier": "gold"}), 400, "INVALID_INPUT")
+    assert bad["details"]["pointer"] == "/tier"
+
+
 # --- lifecycle --------------------------------------------------------------------------------
 
 
@@ -250,6 +287,61 @@ def test_deploy_needs_a_builder_and_versions_are_immutable(
     builder = app_daemon.person("builder@example.com", role="builder")
     assert app_daemon.deploy(app, key=builder).status_code == 201
     envelope(app_daemon.deploy(app, key=builder), 409, "VERSION_EXISTS")
+
+
+def test_two_workspaces_deploying_one_new_slug_at_once_do_not_both_get_it(
+    app_daemon: InProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slug belongs to the workspace that deployed it first, decided in the transaction
+    that stores the version: of two deploys of one new slug from two workspaces, both
+    checked before either stored, one stores it and the other is refused, as a later
+    deploy from that workspace is."""
+    store = app_daemon.store()
+    rival = store.create_workspace("Rival").id
+    store.close()
+    keys = {
+        app_daemon.workspace_id: app_daemon.admin_key,
+        rival: app_daemon.person("rival-builder@example.com", role="builder", workspace_id=rival),
+    }
+    app = write_app(tmp_path / "contested", "contested", {"echo": "def run(i):\n    return i\n"})
+    files = {p: base64.b64encode(d).decode() for p, d in read_app_dir(app).items()}
+
+    def deploy(workspace_id: str) -> httpx.Response:
+        return app_daemon.call(
+            "POST",
+            "/api/v2/apps/deploy",
+            keys[workspace_id],
+            params={"workspaceId": workspace_id},
+            json={"files": files},
+        )
+
+    # Both deploys are checked, and neither has stored its version, when both store.
+    both_checked = threading.Barrier(2, timeout=30)
+    add_version = Store.add_version
+
+    def once_both_are_checked(self: Store, *args: Any, **kw: Any) -> Any:
+        both_checked.wait()
+        return add_version(self, *args, **kw)
+
+    monkeypatch.setattr(Store, "add_version", once_both_are_checked)
+    with ThreadPoolExecutor(2) as pool:
+        answers = dict(zip(keys, pool.map(deploy, keys), strict=True))
+    monkeypatch.undo()
+
+    statuses = sorted(answer.status_code for answer in answers.values())
+    assert statuses == [201, 403], [answer.text for answer in answers.values()]
+    [owner] = [ws for ws, answer in answers.items() if answer.status_code == 201]
+    [refused] = [ws for ws in keys if ws != owner]
+    first = envelope(answers[refused], 403, "APP_OWNED_BY_ANOTHER_WORKSPACE")
+    later = envelope(deploy(refused), 403, "APP_OWNED_BY_ANOTHER_WORKSPACE")
+    assert first["message"] == later["message"] == "app 'contested' belongs to another workspace"
+    store = app_daemon.store()
+    try:
+        contested = store.get_app("contested")
+        assert contested is not None and contested.workspace_id == owner
+        assert len(store.list_versions(contested.id)) == 1
+    finally:
+        store.close()
 
 
 def test_install_needs_admin_and_a_published_version(app_daemon: InProcess, tmp_path: Path) -> None:

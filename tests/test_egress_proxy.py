@@ -36,8 +36,6 @@ from runnerd.egress import parse
 from runnerd.limits import MAX_DESTINATION_CHARS, MAX_EGRESS_FIGURES
 from runnerd.run.proxy import EgressPass
 
-pytestmark = pytest.mark.jail
-
 SECRET = "sk_live_egress_4f9c2d7e1b"
 
 
@@ -49,6 +47,7 @@ def daemon(egress_daemon: Daemon) -> Daemon:
 # --- what works -------------------------------------------------------------------------------
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize("tool", ["fetch_py", "fetch_js", "fetch_ts"])
 @pytest.mark.parametrize("scheme", ["http", "https"])
 def test_a_tool_calls_a_granted_host(
@@ -86,6 +85,7 @@ def run(input):
 """
 
 
+@pytest.mark.jail
 @pytest.mark.network
 def test_httpx_and_requests_as_pinned_packages_use_the_proxy(
     daemon: Daemon, lab: EgressLab, tmp_path: Path
@@ -105,6 +105,7 @@ def test_httpx_and_requests_as_pinned_packages_use_the_proxy(
     assert use["connections"] == 2
 
 
+@pytest.mark.jail
 def test_a_secret_goes_to_the_granted_host_and_nowhere_else(
     daemon: Daemon, caller: str, lab: EgressLab
 ) -> None:
@@ -176,6 +177,7 @@ def _hostile_spellings() -> list[str]:
     return [*names, percent, percent.lower(), value, value.upper()]
 
 
+@pytest.mark.jail
 def test_a_secret_spelled_into_destination_names_is_scrubbed_everywhere(
     daemon: Daemon, lab: EgressLab, tmp_path: Path
 ) -> None:
@@ -277,6 +279,7 @@ def test_the_audit_summary_of_a_run_names_grant_entries_and_reasons_only() -> No
     }
 
 
+@pytest.mark.jail
 def test_the_history_and_audit_show_what_a_run_reached(
     daemon: Daemon, caller: str, lab: EgressLab
 ) -> None:
@@ -310,6 +313,7 @@ def test_the_history_and_audit_show_what_a_run_reached(
 # --- what is refused, fast --------------------------------------------------------------------
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize(
     ("url", "reason", "why"),
     [
@@ -331,6 +335,7 @@ def test_a_refused_destination_fails_the_run_with_the_reason(
     assert use["refused"] == reason and use["connections"] == 0
 
 
+@pytest.mark.jail
 def test_the_daemons_own_port_is_refused(daemon: Daemon, caller: str) -> None:
     for tool in ("fetch_py", "fetch_js"):
         result = run_ok(daemon, caller, tool, {"url": f"http://loop.test:{daemon.port}/healthz"})
@@ -338,6 +343,7 @@ def test_the_daemons_own_port_is_refused(daemon: Daemon, caller: str) -> None:
         assert "(private address)" in result["error"] and "loopback" in result["error"]
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize(
     ("mode", "expected"),
     [
@@ -355,6 +361,7 @@ def test_bypassing_the_proxy_fails_fast(
     assert result["output"]["ms"] < 2000  # an error at once, not a wait for the 15 s timeout
 
 
+@pytest.mark.jail
 def test_a_run_without_a_grant_has_no_proxy_and_says_so(daemon: Daemon, tmp_path: Path) -> None:
     tools = {"probe": (".py", PROBE), "fetch_py": (".py", FETCH_PY), "fetch_js": (".mjs", FETCH_JS)}
     install = daemon.ship(app_dir(tmp_path / "plain", "nogrant", [], tools))["installId"]
@@ -367,6 +374,7 @@ def test_a_run_without_a_grant_has_no_proxy_and_says_so(daemon: Daemon, tmp_path
         assert "[runnerd: this run has no network" in failed["error"], failed["error"]
 
 
+@pytest.mark.jail
 def test_concurrent_runs_of_two_installs_keep_their_own_grants(
     daemon: Daemon, caller: str, lab: EgressLab, tmp_path: Path
 ) -> None:
@@ -400,6 +408,7 @@ def test_concurrent_runs_of_two_installs_keep_their_own_grants(
     assert held["status"] == "succeeded", held
 
 
+@pytest.mark.jail
 def test_the_byte_cap_cuts_a_large_download(daemon: Daemon, caller: str) -> None:
     value = {
         "mode": "big",
@@ -431,6 +440,7 @@ def _tool_test(
     )
 
 
+@pytest.mark.jail
 def test_tool_test_grants_egress_for_one_local_run(lab: EgressLab, tmp_path: Path) -> None:
     AppDir(tmp_path).tool("fetch_py", yaml=tool_doc("fetch_py"), source=FETCH_PY)
     tool = tmp_path / "tools" / "fetch_py.tool.yaml"
@@ -450,6 +460,7 @@ def test_tool_test_grants_egress_for_one_local_run(lab: EgressLab, tmp_path: Pat
     assert bad.returncode == 2 and "--egress https://api.test" in bad.stderr
 
 
+@pytest.mark.jail
 @pytest.mark.network
 def test_node_24_fetch_goes_through_the_proxy_too(
     lab: EgressLab, tmp_path: Path, toolchain_dir: Path

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import engine_env, make_tool, run_cli, run_tool, tool_doc
+from conftest import machine_env, make_tool, run_cli, run_tool, tool_doc
 from daemon import Daemon, HealthProbe
 from egress_lab import HTTP_PORT, EgressLab, run_ok
 from runnerd.limits import REPLY_GRACE_S, STOP_GRACE_S
@@ -38,9 +38,9 @@ def call(name, *args):
 """
 
 
-def _jail_uids(engine: Machine) -> range:
-    base = engine.settings.sandbox_uid_base
-    return range(base - 1, base + engine.settings.sandbox_uid_count)
+def _jail_uids(machine: Machine) -> range:
+    base = machine.settings.sandbox_uid_base
+    return range(base - 1, base + machine.settings.sandbox_uid_count)
 
 
 def _processes_of(uids: range) -> list[str]:
@@ -57,19 +57,19 @@ def _processes_of(uids: range) -> list[str]:
 
 
 @pytest.fixture
-def contained(engine: Machine) -> Iterator[None]:
+def contained(machine: Machine) -> Iterator[None]:
     """After the test: no process of a jail uid is left, and an ordinary run succeeds."""
     yield
     deadline = time.monotonic() + 2
-    while (left := _processes_of(_jail_uids(engine))) and time.monotonic() < deadline:
+    while (left := _processes_of(_jail_uids(machine))) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert left == [], f"processes outlived their run: {left}"
-    result = run_tool(engine, make_tool(engine, ORDINARY, name="ordinary"))
+    result = run_tool(machine, make_tool(machine, ORDINARY, name="ordinary"))
     assert (result.status, result.output) == ("succeeded", {"ok": True}), result.error
 
 
 def attack(
-    engine: Machine,
+    machine: Machine,
     source: str,
     value: Any = None,
     *,
@@ -77,12 +77,14 @@ def attack(
     timeout_ms: int = 10_000,
     **kw: Any,
 ) -> RunResult:
-    return run_tool(engine, make_tool(engine, source, ext=ext, timeout_ms=timeout_ms), value, **kw)
+    return run_tool(
+        machine, make_tool(machine, source, ext=ext, timeout_ms=timeout_ms), value, **kw
+    )
 
 
-def report(engine: Machine, source: str, value: Any = None, **kw: Any) -> dict[str, Any]:
+def report(machine: Machine, source: str, value: Any = None, **kw: Any) -> dict[str, Any]:
     """Run a hostile tool that reports what it managed; it must itself succeed."""
-    result = attack(engine, source, value, **kw)
+    result = attack(machine, source, value, **kw)
     assert result.status == "succeeded", result.error
     assert isinstance(result.output, dict)
     return result.output
@@ -103,21 +105,21 @@ pytestmark = [pytest.mark.jail, pytest.mark.usefixtures("contained")]
 # --- reading what is not the tool's ---------------------------------------------------------
 
 
-def test_read_etc_shadow(engine: Machine) -> None:
-    assert report(engine, READ, {"path": "/etc/shadow"}) == {"error": "FileNotFoundError"}
+def test_read_etc_shadow(machine: Machine) -> None:
+    assert report(machine, READ, {"path": "/etc/shadow"}) == {"error": "FileNotFoundError"}
 
 
-def test_read_the_data_dir_and_its_database(engine: Machine) -> None:
-    data = engine.settings.data_dir
+def test_read_the_data_dir_and_its_database(machine: Machine) -> None:
+    data = machine.settings.data_dir
     (data / "runnerd.db").touch()
     for path in (data / "runnerd.db", data / "runnerd.db-wal", data):
-        assert report(engine, READ, {"path": str(path)}) == {"error": "FileNotFoundError"}
+        assert report(machine, READ, {"path": str(path)}) == {"error": "FileNotFoundError"}
 
 
-def test_no_other_tools_code_is_anywhere_in_the_jail(engine: Machine) -> None:
+def test_no_other_tools_code_is_anywhere_in_the_jail(machine: Machine) -> None:
     # Another tool ran before; its code reached its own jail over stdin, never a file.
     run_tool(
-        engine, make_tool(engine, "SECRET_LOGIC = 42\ndef run(i):\n    return {}\n", name="other")
+        machine, make_tool(machine, "SECRET_LOGIC = 42\ndef run(i):\n    return {}\n", name="other")
     )
     source = """
 import os
@@ -139,20 +141,20 @@ def run(i):
                     pass
     return {'hits': hits, 'tool_dir': os.path.exists('/tool'), 'seen': seen > 0}
 """
-    assert report(engine, source) == {"hits": [], "tool_dir": False, "seen": True}
+    assert report(machine, source) == {"hits": [], "tool_dir": False, "seen": True}
 
 
-def test_proc_1_environ_and_proc_are_absent(engine: Machine) -> None:
+def test_proc_1_environ_and_proc_are_absent(machine: Machine) -> None:
     for path in ("/proc/1/environ", "/proc/self/environ", "/sys/kernel/notes"):
-        assert report(engine, READ, {"path": path}) == {"error": "FileNotFoundError"}
+        assert report(machine, READ, {"path": path}) == {"error": "FileNotFoundError"}
 
 
-def test_root_holds_only_what_the_interpreter_needs(engine: Machine) -> None:
+def test_root_holds_only_what_the_interpreter_needs(machine: Machine) -> None:
     source = (
         "import os\ndef run(i):\n    return {'root': sorted(os.listdir('/')), "
         "'dev': sorted(os.listdir('/dev'))}\n"
     )
-    out = report(engine, source)
+    out = report(machine, source)
     assert set(out["root"]) <= {"dev", "etc", "lib", "lib64", "sandbox", "tmp", "tool", "usr"}
     assert out["dev"] == ["null", "urandom"]
 
@@ -175,21 +177,21 @@ def run(i):
 """
 
 
-def test_write_outside_tmp(engine: Machine) -> None:
-    paths = ["/tool/t.py", "/usr/evil", "/etc/evil", "/evil", engine.sandbox.python_harness]
-    out = report(engine, WRITE, {"paths": paths})
+def test_write_outside_tmp(machine: Machine) -> None:
+    paths = ["/tool/t.py", "/usr/evil", "/etc/evil", "/evil", machine.sandbox.python_harness]
+    out = report(machine, WRITE, {"paths": paths})
     assert all(v != "written" for v in out.values()), out
 
 
-def test_files_do_not_persist_between_runs(engine: Machine) -> None:
+def test_files_do_not_persist_between_runs(machine: Machine) -> None:
     paths = ["/tmp/persist", "/dev/shm/persist", "/var/tmp/persist"]
-    first = report(engine, WRITE, {"paths": paths})
+    first = report(machine, WRITE, {"paths": paths})
     assert first["/tmp/persist"] == "written"
     check = "import os\ndef run(i):\n    return {p: os.path.exists(p) for p in i['paths']}\n"
-    assert report(engine, check, {"paths": paths}) == dict.fromkeys(paths, False)
+    assert report(machine, check, {"paths": paths}) == dict.fromkeys(paths, False)
 
 
-def test_disk_fill_of_tmp_stops_at_the_tmpfs_size(engine: Machine) -> None:
+def test_disk_fill_of_tmp_stops_at_the_tmpfs_size(machine: Machine) -> None:
     source = """
 def run(i):
     written = 0
@@ -202,8 +204,8 @@ def run(i):
         return {'stopped_at_mb': written // (1024 * 1024), 'error': type(e).__name__}
     return {'stopped_at_mb': written // (1024 * 1024)}
 """
-    out = report(engine, source)
-    assert out["stopped_at_mb"] <= engine.settings.tmp_mb
+    out = report(machine, source)
+    assert out["stopped_at_mb"] <= machine.settings.tmp_mb
     assert out["error"] == "OSError"
 
 
@@ -211,7 +213,7 @@ def run(i):
 
 
 @pytest.mark.smoke
-def test_connect_to_the_daemon_port_on_localhost(engine: Machine) -> None:
+def test_connect_to_the_daemon_port_on_localhost(machine: Machine) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
@@ -228,13 +230,13 @@ def run(i):
         return {'connected': False, 'error': type(e).__name__}
 """
     try:
-        out = report(engine, source, {"port": port})
+        out = report(machine, source, {"port": port})
     finally:
         server.close()
     assert out == {"connected": False, "error": "ConnectionRefusedError"}
 
 
-def test_no_route_to_any_outside_address(engine: Machine) -> None:
+def test_no_route_to_any_outside_address(machine: Machine) -> None:
     # A UDP connect() only looks the route up; it sends nothing, jailed or not.
     # Interfaces by index (SIOCGIFNAME): if_nameindex() needs netlink, which is denied.
     source = """
@@ -257,10 +259,10 @@ def run(i):
         out['route'] = False
     return out
 """
-    assert report(engine, source) == {"interfaces": ["lo"], "route": False}
+    assert report(machine, source) == {"interfaces": ["lo"], "route": False}
 
 
-def test_raw_and_packet_sockets(engine: Machine) -> None:
+def test_raw_and_packet_sockets(machine: Machine) -> None:
     source = """
 import socket
 def run(i):
@@ -275,13 +277,13 @@ def run(i):
     return out
 """
     # AF_PACKET is denied by seccomp before capabilities are checked: EAFNOSUPPORT.
-    assert report(engine, source) == {"raw": "PermissionError", "packet": "OSError"}
+    assert report(machine, source) == {"raw": "PermissionError", "packet": "OSError"}
 
 
 # --- processes --------------------------------------------------------------------------------
 
 
-def test_fork_bomb(engine: Machine) -> None:
+def test_fork_bomb(machine: Machine) -> None:
     source = """
 import os, time
 def run(i):
@@ -295,44 +297,44 @@ def run(i):
     except OSError as e:
         return {'made': made, 'error': type(e).__name__}
 """
-    out = report(engine, source)
-    assert out["made"] < engine.settings.pids
+    out = report(machine, source)
+    assert out["made"] < machine.settings.pids
     assert out["error"] == "BlockingIOError"
 
 
-def test_memory_bomb_python(engine: Machine) -> None:
+def test_memory_bomb_python(machine: Machine) -> None:
     source = "def run(i):\n    hog = []\n    while True:\n        hog.append(bytearray(64 << 20))\n"
-    result = attack(engine, source)
+    result = attack(machine, source)
     assert result.status == "failed"
     assert result.error is not None and result.error.startswith(("MemoryError", "the tool was"))
 
 
-def test_memory_bomb_node(engine: Machine) -> None:
+def test_memory_bomb_node(machine: Machine) -> None:
     source = (
         "export function run() {\n  const hog = []\n"
         "  for (;;) hog.push(new Array(1 << 20).fill(7))\n}\n"
     )
-    result = attack(engine, source, ext=".mjs")
+    result = attack(machine, source, ext=".mjs")
     assert result.status == "failed"
 
 
-def test_stdout_flood(engine: Machine) -> None:
+def test_stdout_flood(machine: Machine) -> None:
     source = (
         "import sys\ndef run(i):\n    for _ in range(200_000):\n"
         "        sys.stdout.write('y' * 1000 + '\\n')\n    return {'done': True}\n"
     )
-    result = attack(engine, source, timeout_ms=20_000)
+    result = attack(machine, source, timeout_ms=20_000)
     assert (result.status, result.output) == ("succeeded", {"done": True})
     assert result.logs_truncated and len(result.logs) == 64 * 1024
 
 
-def test_cpu_spin_past_the_timeout(engine: Machine) -> None:
-    result = attack(engine, "def run(i):\n    while True:\n        pass\n", timeout_ms=1000)
+def test_cpu_spin_past_the_timeout(machine: Machine) -> None:
+    result = attack(machine, "def run(i):\n    while True:\n        pass\n", timeout_ms=1000)
     assert result.status == "timed_out"
     assert result.duration_ms < 2000
 
 
-def test_child_that_ignores_sigterm_and_outlives_its_parent(engine: Machine) -> None:
+def test_child_that_ignores_sigterm_and_outlives_its_parent(machine: Machine) -> None:
     source = """
 import os, signal, time
 def run(i):
@@ -347,10 +349,10 @@ def run(i):
     return {'spawned': True}
 """
     # Returns while the daemonized grandchild still sleeps: the jail's end must reap it.
-    assert report(engine, source) == {"spawned": True}
+    assert report(machine, source) == {"spawned": True}
 
 
-def test_hung_tool_with_daemon_children_dies_at_the_deadline(engine: Machine) -> None:
+def test_hung_tool_with_daemon_children_dies_at_the_deadline(machine: Machine) -> None:
     source = """
 import os, signal, time
 def run(i):
@@ -363,7 +365,7 @@ def run(i):
     while True:
         time.sleep(1)
 """
-    result = attack(engine, source, timeout_ms=1000)
+    result = attack(machine, source, timeout_ms=1000)
     assert result.status == "timed_out"
 
 
@@ -424,17 +426,17 @@ def _cgroups_of(uids: range) -> set[Path]:
 
 @pytest.mark.parametrize("ext", [".py", ".mjs"])
 def test_a_tool_that_disables_exit_and_leaves_busy_threads_is_stopped_right_after_its_reply(
-    engine: Machine, ext: str
+    machine: Machine, ext: str
 ) -> None:
-    tool = make_tool(engine, LINGERING[ext], ext=ext, timeout_ms=30_000)
+    tool = make_tool(machine, LINGERING[ext], ext=ext, timeout_ms=30_000)
 
     async def scenario() -> tuple[RunResult, float, float, set[Path]]:
         started = time.monotonic()
-        result = await engine.pipeline.run(tool, {}, logs=False)
+        result = await machine.pipeline.run(tool, {}, logs=False)
         answered = time.monotonic()
         # It replied: its end goes on in the background (the jail is still serving).
         uids = range(0)
-        for jail in list(engine.sandbox._serving):
+        for jail in list(machine.sandbox._serving):
             uids = range(jail.uid, jail.uid + 1)
         cgroups = _cgroups_of(uids)  # read while it lingers (its grace, REPLY_GRACE_S)
         assert uids, "the jail ended before its answer came back"
@@ -450,7 +452,7 @@ def test_a_tool_that_disables_exit_and_leaves_busy_threads_is_stopped_right_afte
     assert waited < 1.0  # the caller has its answer at the reply, not at the jail's end
     assert gone < JAIL_GONE_WITHIN_S, f"the jail's processes lived {gone:.2f} s past its answer"
     # Its cgroup is gone too: nothing of it is left to burn CPU.
-    assert cgroups or not engine.cgroups.enabled
+    assert cgroups or not machine.cgroups.enabled
     assert [path for path in cgroups if path.exists()] == []
 
 
@@ -514,7 +516,7 @@ def test_quick_calls_never_leave_more_live_jails_than_max_concurrent_runs(
         assert samples[-1]["python"] == warm  # after the burst, only the waiting ones
 
 
-def test_kill_minus_one_and_other_pids(engine: Machine) -> None:
+def test_kill_minus_one_and_other_pids(machine: Machine) -> None:
     source = (
         SYSCALL
         + """
@@ -534,11 +536,11 @@ def run(i):
     return out
 """
     )
-    out = report(engine, source, {"host_pid": os.getpid()})
+    out = report(machine, source, {"host_pid": os.getpid()})
     assert out == {"host": "ProcessLookupError", "pid": 1}
 
 
-def test_ptrace(engine: Machine) -> None:
+def test_ptrace(machine: Machine) -> None:
     source = (
         SYSCALL
         + """
@@ -551,7 +553,7 @@ def run(i):
     return {'rc': rc, 'errno': err}
 """
     )
-    assert report(engine, source) == {"rc": -1, "errno": 1}
+    assert report(machine, source) == {"rc": -1, "errno": 1}
 
 
 @pytest.mark.parametrize(
@@ -576,15 +578,15 @@ def run(i):
         ("syscall", "164, 0, 0", 1),  # settimeofday
     ],
 )
-def test_denied_syscalls(engine: Machine, name: str, args: str, errno: int) -> None:
+def test_denied_syscalls(machine: Machine, name: str, args: str, errno: int) -> None:
     source = (
         SYSCALL + f"\ndef run(i):\n    rc, err = call({name!r}, {args})\n"
         "    return {'rc': rc, 'errno': err}\n"
     )
-    assert report(engine, source) == {"rc": -1, "errno": errno}
+    assert report(machine, source) == {"rc": -1, "errno": errno}
 
 
-def test_setuid_binaries_and_privileges(engine: Machine) -> None:
+def test_setuid_binaries_and_privileges(machine: Machine) -> None:
     source = (
         SYSCALL
         + """
@@ -596,7 +598,7 @@ def run(i):
             'uid': os.getuid(), 'euid': os.geteuid()}
 """
     )
-    out = report(engine, source)
+    out = report(machine, source)
     assert out == {"setuid_binaries": [], "no_new_privs": 1, "uid": 1000, "euid": 1000}
 
 
@@ -635,15 +637,15 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def test_jail_runs_as_an_unprivileged_outside_uid(engine: Machine) -> None:
+def test_jail_runs_as_an_unprivileged_outside_uid(machine: Machine) -> None:
     source = "import time\ndef run(i):\n    time.sleep(0.4)\n    return {}\n"
-    tool = make_tool(engine, source)
+    tool = make_tool(machine, source)
 
     async def observe() -> list[int]:
-        task = asyncio.ensure_future(engine.pipeline.run(tool, {}))
+        task = asyncio.ensure_future(machine.pipeline.run(tool, {}))
         await asyncio.sleep(0.25)
         # This test's own jails only: other runnerds on the host (and the daemons this
-        # session started) run jails too. The engine's nsjails are this process's children.
+        # session started) run jails too. The machine's nsjails are this process's children.
         ours = {
             p
             for child in _descendants(os.getpid())
@@ -667,20 +669,20 @@ def test_jail_runs_as_an_unprivileged_outside_uid(engine: Machine) -> None:
         return uids
 
     uids = asyncio.run(observe())
-    assert uids and all(u in _jail_uids(engine) and u != 0 for u in uids)
+    assert uids and all(u in _jail_uids(machine) and u != 0 for u in uids)
 
 
 def test_concurrent_runs_get_distinct_uids_and_cannot_see_each_others_secrets(
-    engine: Machine,
+    machine: Machine,
 ) -> None:
     holder = make_tool(
-        engine,
+        machine,
         "import os, time\ndef run(i):\n    time.sleep(0.6)\n"
         "    return {'uid_ok': os.getuid() == 1000}\n",
         name="holder",
     )
     spy = make_tool(
-        engine,
+        machine,
         """
 import os
 def run(i):
@@ -693,10 +695,10 @@ def run(i):
 
     async def both() -> tuple[Any, Any]:
         first = asyncio.ensure_future(
-            engine.pipeline.run(holder, {}, secrets={"HOLDER_SECRET": "hs-7f9d2c1b"})
+            machine.pipeline.run(holder, {}, secrets={"HOLDER_SECRET": "hs-7f9d2c1b"})
         )
         await asyncio.sleep(0.2)
-        second = await engine.pipeline.run(spy, {}, secrets={"SPY_KEY": "spy-0000"})
+        second = await machine.pipeline.run(spy, {}, secrets={"SPY_KEY": "spy-0000"})
         return await first, second
 
     first, second = asyncio.run(both())
@@ -704,7 +706,7 @@ def run(i):
     assert second.output == {"keys": ["HOME", "LANG", "PATH", "SPY_KEY"], "proc": [], "pid": 1}
 
 
-def test_node_cannot_spawn_a_shell_or_read_host_files(engine: Machine) -> None:
+def test_node_cannot_spawn_a_shell_or_read_host_files(machine: Machine) -> None:
     source = """
 import { execFileSync } from 'node:child_process'
 import { readFileSync } from 'node:fs'
@@ -715,11 +717,11 @@ export function run() {
   return out
 }
 """
-    out = report(engine, source, ext=".mjs")
+    out = report(machine, source, ext=".mjs")
     assert out == {"sh": "ENOENT", "passwd": "ENOENT"}
 
 
-def test_raising_rlimits_is_refused(engine: Machine) -> None:
+def test_raising_rlimits_is_refused(machine: Machine) -> None:
     source = """
 import resource
 def run(i):
@@ -730,11 +732,11 @@ def run(i):
     except (ValueError, OSError) as e:
         return {'raised': False, 'hard': hard}
 """
-    out = report(engine, source)
-    assert out == {"raised": False, "hard": engine.settings.pids}
+    out = report(machine, source)
+    assert out == {"raised": False, "hard": machine.settings.pids}
 
 
-def test_forged_result_cannot_bypass_output_checks(engine: Machine) -> None:
+def test_forged_result_cannot_bypass_output_checks(machine: Machine) -> None:
     source = """
 import os, sys
 def run(i):
@@ -742,22 +744,22 @@ def run(i):
     os._exit(0)
 """
     out_schema = {"type": "object", "properties": {"n": {"type": "number"}}}
-    result = run_tool(engine, make_tool(engine, source, output_schema=out_schema))
+    result = run_tool(machine, make_tool(machine, source, output_schema=out_schema))
     assert result.status == "failed"
     assert result.error is not None and "output schema" in result.error
 
 
-def test_huge_result_channel_write_is_capped(engine: Machine) -> None:
+def test_huge_result_channel_write_is_capped(machine: Machine) -> None:
     source = (
         "import os, sys\ndef run(i):\n    os.write(int(sys.argv[1]), b'[' * (4 << 20))\n"
         "    os._exit(0)\n"
     )
-    result = attack(engine, source)
+    result = attack(machine, source)
     assert result.status == "failed"
     assert result.error is not None and result.error.startswith("output is larger than 1 MB")
 
 
-def test_node_worker_thread_bomb(engine: Machine) -> None:
+def test_node_worker_thread_bomb(machine: Machine) -> None:
     source = """
 import { Worker } from 'node:worker_threads'
 export async function run() {
@@ -771,14 +773,14 @@ export async function run() {
   return { started: workers.length, error }
 }
 """
-    result = attack(engine, source, ext=".mjs", timeout_ms=5000)
+    result = attack(machine, source, ext=".mjs", timeout_ms=5000)
     # Either the process cap stops it (an error, or the tool dies) or the deadline does.
     assert result.status in ("succeeded", "failed", "timed_out")
     if result.status == "succeeded":
         assert result.output is not None and result.output["started"] < 500
 
 
-def test_node_wasm_memory_bomb(engine: Machine) -> None:
+def test_node_wasm_memory_bomb(machine: Machine) -> None:
     source = """
 export function run() {
   const pages = []
@@ -789,11 +791,11 @@ export function run() {
   }
 }
 """
-    result = attack(engine, source, ext=".mjs")
+    result = attack(machine, source, ext=".mjs")
     assert result.status == "failed"
 
 
-def test_node_fetch_to_the_daemon_port(engine: Machine) -> None:
+def test_node_fetch_to_the_daemon_port(machine: Machine) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
@@ -809,7 +811,7 @@ export async function run(i) {
 }
 """
     try:
-        out = report(engine, source, {"port": port}, ext=".mjs")
+        out = report(machine, source, {"port": port}, ext=".mjs")
     finally:
         server.close()
     assert out == {"reached": False, "cause": "ECONNREFUSED"}
@@ -818,7 +820,7 @@ export async function run(i) {
 # --- through `runnerd tool test`: socket families, syscalls, what the jail sees --------------
 
 
-def tool_test(engine: Machine, tmp_path: Path, source: str, ext: str = ".py") -> dict[str, Any]:
+def tool_test(machine: Machine, tmp_path: Path, source: str, ext: str = ".py") -> dict[str, Any]:
     """Run ``source`` as a tool with `runnerd tool test --json` (the real CLI and jail);
     its output, which the tool returns on success."""
     tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))
@@ -826,7 +828,7 @@ def tool_test(engine: Machine, tmp_path: Path, source: str, ext: str = ".py") ->
     (tmp_path / f"probe{ext}").write_text(source)
     proc = run_cli(
         "tool", "test", str(tmp_path / "probe.tool.yaml"), "--input", "{}", "--json",
-        env=engine_env(engine),
+        env=machine_env(machine),
     )  # fmt: skip
     result = json.loads(proc.stdout)
     assert result["status"] == "succeeded", result["error"]
@@ -856,8 +858,8 @@ def run(i):
 )
 
 
-def test_only_unix_and_inet_sockets_can_be_created(engine: Machine, tmp_path: Path) -> None:
-    out = tool_test(engine, tmp_path, SOCKETS)
+def test_only_unix_and_inet_sockets_can_be_created(machine: Machine, tmp_path: Path) -> None:
+    out = tool_test(machine, tmp_path, SOCKETS)
     eafnosupport = 97
     assert out == {
         "unix": "opened",
@@ -912,10 +914,10 @@ def run(i):
 
 
 def test_pidfd_getfd_modify_ldt_execveat_and_personas_are_refused(
-    engine: Machine, tmp_path: Path
+    machine: Machine, tmp_path: Path
 ) -> None:
     eperm = -1
-    assert tool_test(engine, tmp_path, EXOTIC) == {
+    assert tool_test(machine, tmp_path, EXOTIC) == {
         "pidfd_getfd": eperm,
         "modify_ldt": eperm,
         "execveat_memfd": eperm,
@@ -982,22 +984,22 @@ def _expected_view(mounts: tuple[str, ...], extra: list[str]) -> set[str]:
 JAIL_DEVICES = ["/dev/null", "/dev/urandom", "/tmp"]
 
 
-def test_the_python_jail_shows_exactly_its_runtime(engine: Machine, tmp_path: Path) -> None:
-    runtime = engine.runtimes.python
+def test_the_python_jail_shows_exactly_its_runtime(machine: Machine, tmp_path: Path) -> None:
+    runtime = machine.runtimes.python
     assert runtime is not None
-    out = tool_test(engine, tmp_path, WALK_PY)
+    out = tool_test(machine, tmp_path, WALK_PY)
     # The harness as bytecode, compiled once for the jails' interpreter.
-    assert engine.sandbox.python_harness == "/sandbox/harness_py.pyc"
-    expected = _expected_view(runtime.mounts, [*JAIL_DEVICES, engine.sandbox.python_harness])
+    assert machine.sandbox.python_harness == "/sandbox/harness_py.pyc"
+    expected = _expected_view(runtime.mounts, [*JAIL_DEVICES, machine.sandbox.python_harness])
     assert set(out["paths"]) == expected
     assert not any(p.startswith("/usr/lib/x86_64-linux-gnu/perl") for p in out["paths"])
     assert out["setid"] == []
 
 
-def test_the_node_jail_shows_exactly_its_runtime(engine: Machine, tmp_path: Path) -> None:
-    runtime = engine.runtimes.node
+def test_the_node_jail_shows_exactly_its_runtime(machine: Machine, tmp_path: Path) -> None:
+    runtime = machine.runtimes.node
     assert runtime is not None
-    out = tool_test(engine, tmp_path, WALK_JS, ext=".mjs")
+    out = tool_test(machine, tmp_path, WALK_JS, ext=".mjs")
     expected = _expected_view(
         runtime.mounts,
         # the probe imports only builtins: it was compiled to CommonJS at upload
@@ -1037,9 +1039,9 @@ export function run() {
 """
 
 
-def test_nothing_written_to_tmp_can_be_executed_or_loaded(engine: Machine, tmp_path: Path) -> None:
-    assert tool_test(engine, tmp_path, NOEXEC_PY) == {"exec": 13, "dlopen": True}  # EACCES
-    assert tool_test(engine, tmp_path, NOEXEC_JS, ext=".mjs") == {"exec": "EACCES"}
+def test_nothing_written_to_tmp_can_be_executed_or_loaded(machine: Machine, tmp_path: Path) -> None:
+    assert tool_test(machine, tmp_path, NOEXEC_PY) == {"exec": 13, "dlopen": True}  # EACCES
+    assert tool_test(machine, tmp_path, NOEXEC_JS, ext=".mjs") == {"exec": "EACCES"}
 
 
 # --- egress: tools that attack the proxy (a live daemon, the tests' own network) ---------

@@ -53,7 +53,7 @@ LINGER = (
 
 
 @pytest.mark.jail
-def test_a_calls_jail_end_comes_once_its_jail_is_reaped_not_at_its_answer(engine: Machine) -> None:
+def test_a_calls_jail_end_comes_once_its_jail_is_reaped_not_at_its_answer(machine: Machine) -> None:
     """What the run slots count: ``on_end`` is called once, after the answer, when the
     jail (here one that would linger 60 s past its reply) has been stopped and reaped."""
     seen: list[tuple[float, bool]] = []
@@ -62,10 +62,10 @@ def test_a_calls_jail_end_comes_once_its_jail_is_reaped_not_at_its_answer(engine
         serving: list[Any] = []
         end = JailEnd(lambda: seen.append((time.monotonic(), all(not j.alive for j in serving))))
         started = time.monotonic()
-        result = await engine.pipeline.run(make_tool(engine, LINGER), {}, logs=False, on_end=end)
+        result = await machine.pipeline.run(make_tool(machine, LINGER), {}, logs=False, on_end=end)
         answered = time.monotonic()
         assert result.status == "succeeded", result.error
-        serving.extend(engine.sandbox._serving)
+        serving.extend(machine.sandbox._serving)
         assert end.taken and seen == []  # the jail is in its grace: the slot is still held
         while not seen and time.monotonic() - answered < 5:
             await asyncio.sleep(0.01)
@@ -82,7 +82,7 @@ def test_a_calls_jail_end_comes_once_its_jail_is_reaped_not_at_its_answer(engine
 
 @pytest.mark.jail
 def test_a_jail_whose_nsjail_must_be_killed_ends_with_nothing_of_it_running(
-    engine: Machine,
+    machine: Machine,
 ) -> None:
     """nsjail stopped (SIGSTOP: it cannot act on SIGTERM) is killed STOP_GRACE_S later;
     its jail's processes die with it, and the call's end comes once none of them runs."""
@@ -91,9 +91,9 @@ def test_a_jail_whose_nsjail_must_be_killed_ends_with_nothing_of_it_running(
     async def scenario() -> None:
         uid: list[int] = []
         end = JailEnd(lambda: seen.append(_pids_of(uid[0])))
-        result = await engine.pipeline.run(make_tool(engine, LINGER), {}, logs=False, on_end=end)
+        result = await machine.pipeline.run(make_tool(machine, LINGER), {}, logs=False, on_end=end)
         assert result.status == "succeeded", result.error
-        [jail] = engine.sandbox._serving
+        [jail] = machine.sandbox._serving
         uid.append(jail.uid)
         os.kill(jail.proc._popen.pid, signal.SIGSTOP)
         deadline = time.monotonic() + REPLY_GRACE_S + STOP_GRACE_S + LEFTOVER_WAIT_S + 1
@@ -105,13 +105,13 @@ def test_a_jail_whose_nsjail_must_be_killed_ends_with_nothing_of_it_running(
 
 
 @pytest.mark.jail
-def test_a_calls_jail_end_comes_at_once_when_no_jail_can_start(engine: Machine) -> None:
+def test_a_calls_jail_end_comes_at_once_when_no_jail_can_start(machine: Machine) -> None:
     no_python = Sandbox(
-        nsjail=engine.sandbox.nsjail,
-        runtimes=dataclasses.replace(engine.runtimes, python=None),
-        cgroups=engine.cgroups,
-        uids=engine.sandbox.uids,
-        limits=engine.sandbox.limits,
+        nsjail=machine.sandbox.nsjail,
+        runtimes=dataclasses.replace(machine.runtimes, python=None),
+        cgroups=machine.cgroups,
+        uids=machine.sandbox.uids,
+        limits=machine.sandbox.limits,
     )
     ended: list[bool] = []
     end = JailEnd(lambda: ended.append(True))
@@ -170,22 +170,22 @@ def _jail_starts() -> float:
 
 
 @pytest.mark.jail
-def test_more_kinds_than_the_pool_keeps_do_not_restart_jails_forever(engine: Machine) -> None:
+def test_more_kinds_than_the_pool_keeps_do_not_restart_jails_forever(machine: Machine) -> None:
     """A kind evicted from the warm pool (more than WARM_MAX_KINDS in use) stays out: its
     jails' ends do not bring it back, evicting another, whose ends bring that back…"""
     from runnerd.limits import WARM_MAX_KINDS
     from runnerd.run.jail import JailKind
 
     pooled = Sandbox(
-        nsjail=engine.sandbox.nsjail,
-        runtimes=engine.runtimes,
-        cgroups=engine.cgroups,
-        uids=engine.sandbox.uids,
-        limits=engine.sandbox.limits,
+        nsjail=machine.sandbox.nsjail,
+        runtimes=machine.runtimes,
+        cgroups=machine.cgroups,
+        uids=machine.sandbox.uids,
+        limits=machine.sandbox.limits,
         warm=1,
     )
     # Package env folders the jails' uids can enter (pytest's tmp folders are 0700).
-    base = Path(tempfile.mkdtemp(prefix="kinds-", dir=engine.settings.data_dir))
+    base = Path(tempfile.mkdtemp(prefix="kinds-", dir=machine.settings.data_dir))
     base.chmod(0o755)
     envs = [base / f"env{n}" for n in range(WARM_MAX_KINDS + 2)]
     for env in envs:
@@ -208,20 +208,20 @@ def test_more_kinds_than_the_pool_keeps_do_not_restart_jails_forever(engine: Mac
 
 
 @pytest.mark.jail
-def test_a_kind_whose_jails_die_at_start_is_not_restarted_in_a_loop(engine: Machine) -> None:
+def test_a_kind_whose_jails_die_at_start_is_not_restarted_in_a_loop(machine: Machine) -> None:
     """A package env inside a folder the jails' uids cannot enter (0700): each waiting jail
     dies at once, and the pool leaves the kind be until it is called again."""
     from runnerd.run.jail import JailKind
 
     pooled = Sandbox(
-        nsjail=engine.sandbox.nsjail,
-        runtimes=engine.runtimes,
-        cgroups=engine.cgroups,
-        uids=engine.sandbox.uids,
-        limits=engine.sandbox.limits,
+        nsjail=machine.sandbox.nsjail,
+        runtimes=machine.runtimes,
+        cgroups=machine.cgroups,
+        uids=machine.sandbox.uids,
+        limits=machine.sandbox.limits,
         warm=1,
     )
-    broken = Path(tempfile.mkdtemp(prefix="closed-", dir=engine.settings.data_dir)) / "env"
+    broken = Path(tempfile.mkdtemp(prefix="closed-", dir=machine.settings.data_dir)) / "env"
     broken.mkdir(mode=0o755)
 
     async def scenario() -> float:

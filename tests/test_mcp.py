@@ -1,18 +1,14 @@
 """Chat agents over MCP, with the official MCP Python SDK's client against a live daemon:
-streamable HTTP at /mcp, and stdio through `runnerd mcp`."""
+streamable HTTP at /mcp, and stdio through `runnerd mcp`. What runs no tool is tested in
+process, in tests/test_mcp_contract.py."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
-import threading
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
@@ -20,13 +16,14 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from conftest import RUNNERD, AppDir, tool_doc
-from daemon import Daemon, running_daemon
+from daemon import Daemon, Runnerd, running_daemon
 
 pytestmark = pytest.mark.jail
 # The tests on the module's daemon run on both stores.
 BACKENDS = ("sqlite", "postgresql")
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "deal-desk"
+HANDSHAKE = "2025-11-25"  # the newest revision with an initialize handshake (and session ids)
 OFFER = {
     "discountPct": 12,
     "marginPct": 30,
@@ -50,9 +47,10 @@ FILED = {
 }
 
 
-@pytest.fixture(scope="module")
-def installs(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    desk = daemon.ship(EXAMPLE)
+def ship_apps(d: Runnerd, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """deal-desk and a ledger of TOOLS shipped to ``d`` (tests/test_mcp_contract.py's
+    in-process app too): their install ids."""
+    desk = d.ship(EXAMPLE)
     app = AppDir(tmp_path_factory.mktemp("ledger"))
     app.write("agentserve.app.yaml", "slug: ledger\nname: Ledger\ntools: ./tools/*\n")
     for name, (effect, source, timeout) in TOOLS.items():
@@ -60,8 +58,13 @@ def installs(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> dict[s
         output = FILED if name == "file_entry" else None
         doc = tool_doc(name, effect=effect, input=schema, output=output, timeoutMs=timeout)
         app.tool(name, yaml=doc, source=source)
-    ledger = daemon.ship(app.root)
+    ledger = d.ship(app.root)
     return {"deal-desk": desk["installId"], "ledger": ledger["installId"]}
+
+
+@pytest.fixture(scope="module")
+def installs(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return ship_apps(daemon, tmp_path_factory)
 
 
 def _client(daemon: Daemon, key: str | None = None, **kw: Any) -> Client:
@@ -99,29 +102,6 @@ def test_the_mcp_sdk_loads_at_the_first_mcp_request(toolchain_dir: Path) -> None
 
         assert "deal-desk__score_offer" in {t.name for t in _run(work).tools}
         assert "pydantic_core" in maps.read_text()
-
-
-@pytest.mark.smoke
-def test_list_tools_names_annotations_and_schemas(daemon: Daemon, installs: dict[str, str]) -> None:
-    async def work() -> Any:
-        async with _client(daemon) as client:
-            return await client.list_tools()
-
-    tools = {t.name: t for t in _run(work).tools}
-    score = tools["deal-desk__score_offer"]
-    assert score.title == "deal-desk/score_offer"
-    assert score.input_schema["required"] == [
-        "discountPct",
-        "marginPct",
-        "termMonths",
-        "dealSize",
-        "tier",
-    ]
-    assert score.output_schema and "decision" in score.output_schema["properties"]
-    assert score.annotations.read_only_hint is True and not score.annotations.destructive_hint
-    post = tools["ledger__post_entry"].annotations
-    assert post.destructive_hint is True and post.read_only_hint is False
-    assert "runnerd.approval" in tools
 
 
 @pytest.mark.smoke
@@ -327,52 +307,6 @@ def test_a_pending_answer_keeps_to_the_tools_output_schema(
     assert found["status"] == "approved" and found["run"]["output"] == {"filed": 61}
 
 
-def test_switching_sends_tools_list_changed(
-    daemon: Daemon, installs: dict[str, str], tmp_path: Path
-) -> None:
-    v2 = tmp_path / "deal-desk"
-    shutil.copytree(EXAMPLE, v2)
-    manifest = v2 / "agentserve.app.yaml"
-    manifest.write_text("version: 'mcp-2'\n" + manifest.read_text())
-    answer = daemon.deploy(v2)
-    assert answer.status_code == 201, answer.text
-    deployed = answer.json()["version"]["version"]
-    daemon.call(
-        "POST",
-        f"/api/v2/apps/deal-desk/versions/{deployed}/publish",
-        daemon.admin_key,
-        params={"workspaceId": daemon.workspace_id},
-    )
-
-    async def work() -> Any:
-        async with _client(daemon) as client, client.listen(tools_list_changed=True) as events:
-            switched = await asyncio.to_thread(
-                daemon.call,
-                "POST",
-                f"/api/v2/apps/installs/{installs['deal-desk']}/switch",
-                daemon.admin_key,
-                json={"version": deployed},
-            )
-            assert switched.status_code == 200, switched.text
-            return await asyncio.wait_for(events.__anext__(), 10)
-
-    event = _run(work)
-    assert type(event).__name__ == "ToolsListChanged"
-
-
-def test_workspace_keys_and_bad_keys_are_refused(daemon: Daemon, installs: dict[str, str]) -> None:
-    url = f"{daemon.url}/mcp?workspaceId={daemon.workspace_id}"
-    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
-    workspace_key = daemon.key(kind="workspace", workspace_id=daemon.workspace_id)
-    refused = httpx.post(url, json=body, headers={"Authorization": f"Bearer {workspace_key}"})
-    assert refused.status_code == 403
-    assert refused.json()["error"]["details"]["code"] == "WORKSPACE_KEY_NOT_ALLOWED"
-    assert httpx.post(url, json=body).status_code == 401
-    assert httpx.post(url, json=body, headers={"X-API-Key": "rk_p_nope"}).status_code == 401
-    other = httpx.post(f"{daemon.url}/mcp", json=body, headers={"X-API-Key": daemon.admin_key})
-    assert other.status_code == 400
-
-
 def test_the_stdio_bridge(daemon: Daemon, installs: dict[str, str]) -> None:
     server = StdioServerParameters(
         command=RUNNERD,
@@ -396,120 +330,7 @@ def test_the_stdio_bridge(daemon: Daemon, installs: dict[str, str]) -> None:
     assert posted.structured_content == {"posted": 11}
 
 
-# --- sessions follow their key and their person ----------------------------------------------
-
-HANDSHAKE = "2025-11-25"  # the newest revision with an initialize handshake (and session ids)
-STREAMS = "application/json, text/event-stream"
-
-
-def _mcp_url(daemon: Daemon, workspace_id: str | None = None) -> str:
-    return f"{daemon.url}/mcp?workspaceId={workspace_id or daemon.workspace_id}"
-
-
-def _open_session(daemon: Daemon, key: str) -> str:
-    """An MCP session opened over the handshake with ``key``: its Mcp-Session-Id."""
-    init = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": HANDSHAKE,
-            "capabilities": {},
-            "clientInfo": {"name": "test", "version": "1"},
-        },
-    }
-    headers = {"Authorization": f"Bearer {key}", "Accept": STREAMS}
-    opened = httpx.post(_mcp_url(daemon), json=init, headers=headers, timeout=30)
-    assert opened.status_code == 200, opened.text
-    session_id = opened.headers["mcp-session-id"]
-    ready = _on_session(daemon, key, session_id, "POST", "notifications/initialized")
-    assert ready.status_code == 202, ready.text
-    return session_id
-
-
-def _on_session(
-    daemon: Daemon,
-    key: str,
-    session_id: str,
-    method: str,
-    rpc: str = "tools/list",
-    workspace_id: str | None = None,
-) -> httpx.Response:
-    headers = {
-        "Authorization": f"Bearer {key}",
-        "Accept": STREAMS,
-        "Mcp-Session-Id": session_id,
-        "Mcp-Protocol-Version": HANDSHAKE,
-    }
-    body: dict[str, Any] | None = None
-    if method == "POST":
-        body = {"jsonrpc": "2.0", "method": rpc}
-        if not rpc.startswith("notifications/"):
-            body |= {"id": 2, "params": {}}
-    url = _mcp_url(daemon, workspace_id)
-    return httpx.request(method, url, json=body, headers=headers, timeout=30)
-
-
-def _rpc_result(response: httpx.Response) -> dict[str, Any]:
-    """The JSON-RPC result of a POST answered as JSON or as an SSE stream."""
-    assert response.status_code == 200, response.text
-    if response.headers["content-type"].startswith("application/json"):
-        return dict(response.json()["result"])
-    for line in response.text.splitlines():
-        if line.startswith("data: ") and '"result"' in line:
-            return dict(json.loads(line[6:])["result"])
-    raise AssertionError(response.text)
-
-
-def _key_id(daemon: Daemon, plaintext: str) -> str:
-    listed = daemon.call(
-        "GET", f"/api/v2/workspaces/{daemon.workspace_id}/keys", daemon.admin_key
-    ).json()["data"]
-    [found] = [k["keyId"] for k in listed if plaintext.startswith(k["prefix"])]
-    return str(found)
-
-
-def test_an_mcp_session_answers_only_the_key_that_opened_it(
-    daemon: Daemon, installs: dict[str, str]
-) -> None:
-    """Another person's key (an admin's too) with A's Mcp-Session-Id gets 404 on POST,
-    GET and DELETE before the SDK sees it, and A's session still works after."""
-    alice = daemon.person("mcp-owner@example.com")
-    bob = daemon.person("mcp-other@example.com")
-    session_id = _open_session(daemon, alice)
-    for key in (bob, daemon.admin_key):
-        for method in ("POST", "GET", "DELETE"):
-            refused = _on_session(daemon, key, session_id, method)
-            assert refused.status_code == 404, (method, refused.text)
-            assert refused.json()["error"]["message"] == "Session not found"
-    # The same key in another workspace is another session: not this one.
-    store = daemon.store()
-    try:
-        elsewhere = store.create_workspace("Elsewhere").id
-        owner = store.find_key(alice)
-        assert owner is not None and owner.user_id is not None
-        store.set_membership(elsewhere, owner.user_id, role="member", apps_access=True)
-    finally:
-        store.close()
-    moved = _on_session(daemon, alice, session_id, "POST", workspace_id=elsewhere)
-    assert moved.status_code == 404
-    doubled = httpx.post(
-        _mcp_url(daemon),
-        json={"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {}},
-        headers=[
-            ("Authorization", f"Bearer {alice}"),
-            ("Accept", STREAMS),
-            ("Mcp-Session-Id", "not-hers"),
-            ("Mcp-Session-Id", session_id),
-        ],
-    )
-    assert doubled.status_code == 400
-    assert doubled.json()["error"]["details"]["code"] == "DUPLICATE_SESSION_ID"
-
-    tools = _rpc_result(_on_session(daemon, alice, session_id, "POST"))["tools"]
-    assert "deal-desk__score_offer" in {t["name"] for t in tools}
-    assert _on_session(daemon, alice, session_id, "DELETE").status_code == 200
-    assert _on_session(daemon, alice, session_id, "POST").status_code == 404
+# --- sessions follow their key and their person (more in tests/test_mcp_contract.py) --------
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
@@ -529,129 +350,6 @@ def test_the_sdk_client_works_in_each_era(
     assert version == (HANDSHAKE if mode == "legacy" else "2026-07-28")
     assert "deal-desk__score_offer" in {t.name for t in tools.tools}
     assert scored.structured_content["decision"] == "approve"
-
-
-def test_revoking_a_key_ends_its_mcp_sessions_and_streams(
-    daemon: Daemon, installs: dict[str, str]
-) -> None:
-    """A session opened with a key, its open GET stream, and a 2026-era listen stream
-    all end when an admin revokes the key; the session's next request is 401 (and the
-    session id is gone for any key)."""
-    key = daemon.person("mcp-revoked@example.com")
-    key_id = _key_id(daemon, key)
-    session_id = _open_session(daemon, key)
-    seen: list[str] = []
-
-    def hold_the_stream() -> None:
-        headers = {
-            "Authorization": f"Bearer {key}",
-            "Accept": "text/event-stream",
-            "Mcp-Session-Id": session_id,
-            "Mcp-Protocol-Version": HANDSHAKE,
-        }
-        timeout = httpx.Timeout(30, read=60)
-        with httpx.stream("GET", _mcp_url(daemon), headers=headers, timeout=timeout) as stream:
-            seen.append(f"open {stream.status_code}")
-            for _ in stream.iter_bytes():
-                pass
-        seen.append("ended")
-
-    holder = threading.Thread(target=hold_the_stream, daemon=True)
-    holder.start()
-    deadline = time.monotonic() + 10
-    while not seen and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert seen == ["open 200"]
-
-    async def listen_then_revoke() -> str:
-        async with _client(daemon, key) as client, client.listen(tools_list_changed=True) as events:
-            revoked = await asyncio.to_thread(
-                daemon.call,
-                "DELETE",
-                f"/api/v2/workspaces/{daemon.workspace_id}/keys/{key_id}",
-                daemon.admin_key,
-            )
-            assert revoked.status_code == 200, revoked.text
-            try:
-                await asyncio.wait_for(events.__anext__(), 15)
-            except StopAsyncIteration:
-                return "ended"
-            except TimeoutError:
-                return "still open"
-            except Exception as exc:  # the SDK's word for a stream cut by the server
-                return f"ended: {type(exc).__name__}"
-            return "an event"
-
-    try:
-        outcome = _run(listen_then_revoke)
-    except Exception as exc:  # leaving the client may raise too, once the key is dead
-        outcome = f"ended: {type(exc).__name__}"
-    assert outcome.startswith("ended"), outcome
-    holder.join(15)
-    assert seen == ["open 200", "ended"]
-    assert _on_session(daemon, key, session_id, "POST").status_code == 401
-    assert _on_session(daemon, daemon.admin_key, session_id, "POST").status_code == 404
-    [entry] = [e for e in _audit(daemon, "key.revoke") if e["detail"]["keyId"] == key_id]
-    assert entry["actorUserId"] is not None
-
-
-def test_mcp_rights_follow_the_person_at_once(daemon: Daemon, installs: dict[str, str]) -> None:
-    """Demoted to viewer: nothing to run, on an open session and a new client alike.
-    Taken out of the workspace: the next request is 403, the session's stream ends, and
-    the session is gone even once the person is back."""
-    base = f"/api/v2/workspaces/{daemon.workspace_id}"
-    key = daemon.person("mcp-demoted@example.com")
-    session_id = _open_session(daemon, key)
-    listed = _rpc_result(_on_session(daemon, key, session_id, "POST"))["tools"]
-    assert "deal-desk__score_offer" in {t["name"] for t in listed}
-
-    def set_role(role: str) -> None:
-        body = {"email": "mcp-demoted@example.com", "role": role, "appsAccess": True}
-        assert daemon.call("PUT", f"{base}/members", daemon.admin_key, json=body).status_code == 200
-
-    set_role("viewer")
-    assert _rpc_result(_on_session(daemon, key, session_id, "POST"))["tools"] == []
-
-    async def call() -> Any:
-        async with _client(daemon, key) as client:
-            return await client.call_tool("deal-desk__score_offer", OFFER)
-
-    refused = _run(call)
-    assert refused.is_error
-    assert refused.structured_content["error"]["reason"] == "INSUFFICIENT_WORKSPACE_ROLE"
-
-    seen: list[str] = []
-
-    def hold_the_stream() -> None:
-        headers = {
-            "Authorization": f"Bearer {key}",
-            "Accept": "text/event-stream",
-            "Mcp-Session-Id": session_id,
-            "Mcp-Protocol-Version": HANDSHAKE,
-        }
-        timeout = httpx.Timeout(30, read=60)
-        with httpx.stream("GET", _mcp_url(daemon), headers=headers, timeout=timeout) as stream:
-            seen.append(f"open {stream.status_code}")
-            for _ in stream.iter_bytes():
-                pass
-        seen.append("ended")
-
-    holder = threading.Thread(target=hold_the_stream, daemon=True)
-    holder.start()
-    deadline = time.monotonic() + 10
-    while not seen and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert seen == ["open 200"]
-    members = daemon.call("GET", f"{base}/members", daemon.admin_key).json()["data"]
-    user_id = next(m["userId"] for m in members if m["email"] == "mcp-demoted@example.com")
-    assert daemon.call("DELETE", f"{base}/members/{user_id}", daemon.admin_key).status_code == 200
-    gone = _on_session(daemon, key, session_id, "POST")
-    assert gone.status_code == 403
-    assert gone.json()["error"]["details"]["code"] == "INSUFFICIENT_WORKSPACE_ROLE"
-    holder.join(15)
-    assert seen == ["open 200", "ended"]
-    set_role("member")
-    assert _on_session(daemon, key, session_id, "POST").status_code == 404
 
 
 def test_an_approved_calls_output_is_only_for_whom_it_belongs(

@@ -24,8 +24,6 @@ from runnerd.run.pipeline import metered_ms
 from runnerd.run.spawn import spawn
 from runnerd.run.verdict import RunResult
 
-pytestmark = pytest.mark.jail
-
 OBJ = {"type": "object"}
 ADD_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -56,24 +54,27 @@ KINDS = [
 ]
 
 
+@pytest.mark.jail
 @pytest.mark.smoke
 @pytest.mark.parametrize(("ext", "source"), KINDS)
-def test_every_language_and_module_kind_succeeds(engine: Machine, ext: str, source: str) -> None:
-    tool = make_tool(engine, source, ext=ext, input_schema=ADD_SCHEMA)
-    result = run_tool(engine, tool, {"n": 41})
+def test_every_language_and_module_kind_succeeds(machine: Machine, ext: str, source: str) -> None:
+    tool = make_tool(machine, source, ext=ext, input_schema=ADD_SCHEMA)
+    result = run_tool(machine, tool, {"n": 41})
     assert (result.status, result.output, result.error) == ("succeeded", {"n": 42}, None)
     assert result.duration_ms > 0
 
 
+@pytest.mark.jail
 @pytest.mark.network
-def test_pinned_pypi_package(engine: Machine) -> None:
+def test_pinned_pypi_package(machine: Machine) -> None:
     source = "import attrs\n\ndef run(input):\n    return {'v': attrs.__version__}\n"
-    tool = make_tool(engine, source, packages=("attrs==24.2.0",))
-    assert run_tool(engine, tool).output == {"v": "24.2.0"}
+    tool = make_tool(machine, source, packages=("attrs==24.2.0",))
+    assert run_tool(machine, tool).output == {"v": "24.2.0"}
 
 
+@pytest.mark.jail
 @pytest.mark.network
-def test_pinned_npm_package(engine: Machine) -> None:
+def test_pinned_npm_package(machine: Machine) -> None:
     source = (
         "import { z } from 'zod'\n"
         "const Offer = z.object({ n: z.number().int() })\n"
@@ -81,58 +82,63 @@ def test_pinned_npm_package(engine: Machine) -> None:
         "  const r = Offer.safeParse(input)\n"
         "  return { ok: r.success }\n}\n"
     )
-    tool = make_tool(engine, source, ext=".ts", packages=("zod@3.25.76",))
-    assert run_tool(engine, tool, {"n": 1}).output == {"ok": True}
-    assert run_tool(engine, tool, {"n": 1.5}).output == {"ok": False}
+    tool = make_tool(machine, source, ext=".ts", packages=("zod@3.25.76",))
+    assert run_tool(machine, tool, {"n": 1}).output == {"ok": True}
+    assert run_tool(machine, tool, {"n": 1.5}).output == {"ok": False}
 
 
+@pytest.mark.jail
 @pytest.mark.network
-def test_tools_with_the_same_packages_share_one_env(engine: Machine) -> None:
+def test_tools_with_the_same_packages_share_one_env(machine: Machine) -> None:
     one = make_tool(
-        engine,
+        machine,
         "import attrs\ndef run(i):\n    return {}\n",
         name="one",
         packages=("attrs==24.2.0",),
     )
-    two = make_tool(engine, "def run(i):\n    return {}\n", name="two", packages=("attrs==24.2.0",))
-    assert engine.envs.key(one.language, one.packages) == engine.envs.key(
+    two = make_tool(
+        machine, "def run(i):\n    return {}\n", name="two", packages=("attrs==24.2.0",)
+    )
+    assert machine.envs.key(one.language, one.packages) == machine.envs.key(
         two.language, two.packages
     )
-    keys = [e.key for e in engine.envs.list() if "attrs==24.2.0" in e.packages]
+    keys = [e.key for e in machine.envs.list() if "attrs==24.2.0" in e.packages]
     assert len(keys) == 1
 
 
 # --- refusals before the sandbox --------------------------------------------------------------
 
 
-def test_invalid_input_is_refused_with_the_json_pointer(engine: Machine) -> None:
-    tool = make_tool(engine, "def run(i):\n    return i\n", input_schema=ADD_SCHEMA)
+def test_invalid_input_is_refused_with_the_json_pointer(machine: Machine) -> None:
+    tool = make_tool(machine, "def run(i):\n    return i\n", input_schema=ADD_SCHEMA)
     with pytest.raises(InputRejected) as caught:
-        run_tool(engine, tool, {"n": 1, "tags": ["a", 2]})
+        run_tool(machine, tool, {"n": 1, "tags": ["a", 2]})
     assert (caught.value.code, caught.value.pointer) == ("INVALID_INPUT", "/tags/1")
     with pytest.raises(InputRejected) as missing:
-        run_tool(engine, tool, {"tags": []})
+        run_tool(machine, tool, {"tags": []})
     assert (missing.value.pointer, str(missing.value)) == ("/n", "input /n is required")
 
 
-def test_input_over_256_kb_is_refused(engine: Machine) -> None:
-    tool = make_tool(engine, "def run(i):\n    return {}\n")
+@pytest.mark.jail
+def test_input_over_256_kb_is_refused(machine: Machine) -> None:
+    tool = make_tool(machine, "def run(i):\n    return {}\n")
     with pytest.raises(InputRejected) as caught:
-        run_tool(engine, tool, {"s": "x" * (256 * 1024)})
+        run_tool(machine, tool, {"s": "x" * (256 * 1024)})
     assert caught.value.code == "INPUT_TOO_LARGE"
-    assert run_tool(engine, tool, {"s": "x" * (256 * 1024 - 20)}).status == "succeeded"
+    assert run_tool(machine, tool, {"s": "x" * (256 * 1024 - 20)}).status == "succeeded"
 
 
 # --- failures after the start -----------------------------------------------------------------
 
 
+@pytest.mark.jail
 @pytest.mark.smoke
-def test_thrown_exception_is_failed_with_type_message_and_tool_lines(engine: Machine) -> None:
+def test_thrown_exception_is_failed_with_type_message_and_tool_lines(machine: Machine) -> None:
     source = (
         "def helper(x):\n    raise ValueError(f'bad tier {x}')\n\ndef run(i):\n"
         "    return helper(i['tier'])\n"
     )
-    result = run_tool(engine, make_tool(engine, source), {"tier": "gold"})
+    result = run_tool(machine, make_tool(machine, source), {"tier": "gold"})
     assert result.status == "failed" and result.output is None
     assert result.error is not None
     lines = result.error.splitlines()
@@ -143,21 +149,22 @@ def test_thrown_exception_is_failed_with_type_message_and_tool_lines(engine: Mac
     ]
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize("bytecode", [True, False])
 def test_python_tools_run_alike_from_bytecode_or_from_source(
-    engine: Machine, monkeypatch: pytest.MonkeyPatch, bytecode: bool
+    machine: Machine, monkeypatch: pytest.MonkeyPatch, bytecode: bool
 ) -> None:
     """Where the jails' interpreter reads the daemon's bytecode (the same magic number,
     as here), a Python tool comes compiled and its jail never compiles; elsewhere the
     jail compiles the source. The same answers, errors and tool lines either way."""
-    assert engine.sandbox.python_bytecode  # this machine's jails read it
-    monkeypatch.setattr(engine.sandbox, "python_bytecode", bytecode)
-    mode = make_tool(engine, "import sys\ndef run(i):\n    return {'mode': sys.argv[2]}\n")
-    assert run_tool(engine, mode).output == {"mode": "bytecode" if bytecode else "source"}
+    assert machine.sandbox.python_bytecode  # this machine's jails read it
+    monkeypatch.setattr(machine.sandbox, "python_bytecode", bytecode)
+    mode = make_tool(machine, "import sys\ndef run(i):\n    return {'mode': sys.argv[2]}\n")
+    assert run_tool(machine, mode).output == {"mode": "bytecode" if bytecode else "source"}
     source = (
         "def helper(x):\n    raise ValueError(f'bad {x}')\n\ndef run(i):\n    return helper(i)\n"
     )
-    result = run_tool(engine, make_tool(engine, source), {"n": 1})
+    result = run_tool(machine, make_tool(machine, source), {"n": 1})
     assert result.error is not None
     assert result.error.splitlines() == [
         "ValueError: bad {'n': 1}",
@@ -166,20 +173,22 @@ def test_python_tools_run_alike_from_bytecode_or_from_source(
     ]
 
 
-def test_typescript_error_stack_names_the_ts_lines(engine: Machine) -> None:
+@pytest.mark.jail
+def test_typescript_error_stack_names_the_ts_lines(machine: Machine) -> None:
     source = (
         "type T = { a: number }\n\nexport function run(i: T): T {\n"
         "  throw new RangeError('too big: ' + i.a)\n}\n"
     )
-    result = run_tool(engine, make_tool(engine, source, ext=".ts"), {"a": 7})
+    result = run_tool(machine, make_tool(machine, source, ext=".ts"), {"a": 7})
     assert result.status == "failed"
     assert result.error is not None
     assert result.error.startswith("RangeError: too big: 7\n")
     assert "t.ts:4:" in result.error
 
 
+@pytest.mark.jail
 def test_an_es_module_without_packages_runs_as_commonjs_keeping_its_meaning(
-    engine: Machine,
+    machine: Machine,
 ) -> None:
     """An ES module that imports only Node's builtins is compiled to CommonJS at upload,
     so its jail needs no ES module loader; it stays strict code, its top-level `this`
@@ -194,18 +203,19 @@ def test_an_es_module_without_packages_runs_as_commonjs_keeping_its_meaning(
         "}\n"
         "const topThis = this\n"
     )
-    tool = make_tool(engine, source, ext=".mjs")
+    tool = make_tool(machine, source, ext=".mjs")
     assert tool.module_format == "cjs"
-    result = run_tool(engine, tool)
+    result = run_tool(machine, tool)
     assert (result.status, result.output) == (
         "succeeded",
         {"strict": True, "top": "undefined", "path": "/a/b", "commonjs": True},
     )
-    failed = run_tool(engine, tool, {"fail": True})
+    failed = run_tool(machine, tool, {"fail": True})
     assert failed.error is not None and failed.error.startswith("RangeError: at line 4\n")
     assert "t.mjs:3:" in failed.error
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize(
     ("source", "output"),
     [
@@ -217,31 +227,34 @@ def test_an_es_module_without_packages_runs_as_commonjs_keeping_its_meaning(
     ],
 )
 def test_an_es_module_that_needs_the_loader_runs_as_one(
-    engine: Machine, source: str, output: dict[str, Any]
+    machine: Machine, source: str, output: dict[str, Any]
 ) -> None:
-    tool = make_tool(engine, source, ext=".mjs")
+    tool = make_tool(machine, source, ext=".mjs")
     assert tool.module_format == "esm"
-    result = run_tool(engine, tool)
+    result = run_tool(machine, tool)
     assert (result.status, result.output) == ("succeeded", output)
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize("exported", ["null", "undefined", "42", "{ helper: 1 }"])
-def test_a_commonjs_tool_exporting_no_function_is_told_so(engine: Machine, exported: str) -> None:
+def test_a_commonjs_tool_exporting_no_function_is_told_so(machine: Machine, exported: str) -> None:
     """Required, not imported: what `module.exports` holds comes back as it is, null too."""
-    result = run_tool(engine, make_tool(engine, f"module.exports = {exported}\n", ext=".js"))
+    result = run_tool(machine, make_tool(machine, f"module.exports = {exported}\n", ext=".js"))
     assert (result.status, result.error) == (
         "failed",
         "TypeError: the tool exports no run function and no default-exported function",
     )
 
 
-def test_javascript_rejected_promise_is_failed(engine: Machine) -> None:
+@pytest.mark.jail
+def test_javascript_rejected_promise_is_failed(machine: Machine) -> None:
     source = "export async function run() { throw new TypeError('nope') }\n"
-    result = run_tool(engine, make_tool(engine, source, ext=".mjs"))
+    result = run_tool(machine, make_tool(machine, source, ext=".mjs"))
     assert (result.status, result.error is not None) == ("failed", True)
     assert result.error is not None and result.error.startswith("TypeError: nope")
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize(
     ("ext", "source", "why"),
     [
@@ -267,29 +280,32 @@ def test_javascript_rejected_promise_is_failed(engine: Machine) -> None:
     ],
 )
 def test_bad_output_is_failed_saying_which_rule(
-    engine: Machine, ext: str, source: str, why: str
+    machine: Machine, ext: str, source: str, why: str
 ) -> None:
     out = {"type": "object", "required": ["n"], "properties": {"n": {"type": "number"}}}
-    result = run_tool(engine, make_tool(engine, source, ext=ext, output_schema=out))
+    result = run_tool(machine, make_tool(machine, source, ext=ext, output_schema=out))
     assert result.status == "failed" and result.output is None
     assert result.error is not None and result.error.startswith(why), result.error
 
 
-def test_timeout_counts_from_the_sandbox_start(engine: Machine) -> None:
-    tool = make_tool(engine, "def run(i):\n    while True:\n        pass\n", timeout_ms=1000)
-    result = run_tool(engine, tool)
+@pytest.mark.jail
+def test_timeout_counts_from_the_sandbox_start(machine: Machine) -> None:
+    tool = make_tool(machine, "def run(i):\n    while True:\n        pass\n", timeout_ms=1000)
+    result = run_tool(machine, tool)
     assert result.status == "timed_out" and result.output is None
     assert 1000 <= result.duration_ms < 2500
     assert result.error is not None and "1000 ms" in result.error
 
 
-def test_tool_that_exits_without_a_result_is_failed(engine: Machine) -> None:
-    tool = make_tool(engine, "import os\ndef run(i):\n    os._exit(3)\n")
-    result = run_tool(engine, tool)
+@pytest.mark.jail
+def test_tool_that_exits_without_a_result_is_failed(machine: Machine) -> None:
+    tool = make_tool(machine, "import os\ndef run(i):\n    os._exit(3)\n")
+    result = run_tool(machine, tool)
     assert result.status == "failed"
     assert result.error == "the tool exited with code 3 without returning a result"
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize(
     ("ext", "source"),
     [
@@ -300,7 +316,7 @@ def test_tool_that_exits_without_a_result_is_failed(engine: Machine) -> None:
     ],
 )  # fmt: skip
 def test_the_answer_comes_with_the_reply_not_with_the_jails_end(
-    engine: Machine, ext: str, source: str
+    machine: Machine, ext: str, source: str
 ) -> None:
     """The harness frames its reply with its length, so a call answers once the reply is
     complete (nsjail holds the result pipe open until it exits): here the tool keeps its
@@ -308,7 +324,7 @@ def test_the_answer_comes_with_the_reply_not_with_the_jails_end(
 
     async def call() -> tuple[RunResult, float]:
         started = time.monotonic()
-        result = await engine.pipeline.run(make_tool(engine, source, ext=ext), {}, logs=False)
+        result = await machine.pipeline.run(make_tool(machine, source, ext=ext), {}, logs=False)
         waited = time.monotonic() - started
         await asyncio.sleep(2)  # the jail's end, in the background, before the loop closes
         return result, waited
@@ -318,8 +334,9 @@ def test_the_answer_comes_with_the_reply_not_with_the_jails_end(
     assert waited < 1.0
 
 
+@pytest.mark.jail
 def test_with_logs_a_tool_that_lingers_after_its_reply_is_answered_and_stopped(
-    engine: Machine,
+    machine: Machine,
 ) -> None:
     """``tool test`` shows logs, which end with the jail: a tool that replies and then
     keeps its jail alive (no exit, a thread sleeping 60 s) is stopped REPLY_GRACE_S after
@@ -330,42 +347,46 @@ def test_with_logs_a_tool_that_lingers_after_its_reply_is_answered_and_stopped(
         "    threading.Thread(target=time.sleep, args=(60,)).start()\n    return {'n': 1}\n"
     )
     started = time.monotonic()
-    result = run_tool(engine, make_tool(engine, source, timeout_ms=10_000))
+    result = run_tool(machine, make_tool(machine, source, timeout_ms=10_000))
     waited = time.monotonic() - started
     assert (result.status, result.output) == ("succeeded", {"n": 1}), result.error
     assert "before the reply" in result.logs
     assert waited < 8.0  # well before the 10 s deadline it would have waited for
 
 
-def test_a_tool_writing_to_the_result_channel_gets_no_result(engine: Machine) -> None:
+@pytest.mark.jail
+def test_a_tool_writing_to_the_result_channel_gets_no_result(machine: Machine) -> None:
     source = "import os, sys\ndef run(i):\n    os.write(int(sys.argv[1]), b'{}')\n    return {}\n"
-    tool = make_tool(engine, source)
-    result = run_tool(engine, tool, logs=False)
+    tool = make_tool(machine, source)
+    result = run_tool(machine, tool, logs=False)
     assert result.status == "failed"
     assert result.error is not None and "is not a result" in result.error
 
 
-def test_prints_are_logs_not_results(engine: Machine) -> None:
+@pytest.mark.jail
+def test_prints_are_logs_not_results(machine: Machine) -> None:
     source = (
         'import sys\ndef run(i):\n    print(\'{"ok": true, "output": 1}\')\n'
         "    print('to stderr', file=sys.stderr)\n    return {'n': 1}\n"
     )
-    result = run_tool(engine, make_tool(engine, source))
+    result = run_tool(machine, make_tool(machine, source))
     assert result.output == {"n": 1}
     assert result.logs == '{"ok": true, "output": 1}\nto stderr\n'
     js = "export function run() { console.log('hello'); console.error('oops'); return {} }\n"
-    result = run_tool(engine, make_tool(engine, js, ext=".mjs"))
+    result = run_tool(machine, make_tool(machine, js, ext=".mjs"))
     assert (result.output, result.logs) == ({}, "hello\noops\n")
 
 
-def test_logs_are_capped_at_64_kb(engine: Machine) -> None:
+@pytest.mark.jail
+def test_logs_are_capped_at_64_kb(machine: Machine) -> None:
     source = "def run(i):\n    for _ in range(20000):\n        print('x' * 99)\n    return {}\n"
-    result = run_tool(engine, make_tool(engine, source))
+    result = run_tool(machine, make_tool(machine, source))
     assert result.status == "succeeded"
     assert len(result.logs) == 64 * 1024 and result.logs_truncated
 
 
-def test_each_run_starts_from_a_fresh_sandbox(engine: Machine) -> None:
+@pytest.mark.jail
+def test_each_run_starts_from_a_fresh_sandbox(machine: Machine) -> None:
     source = (
         "import os\nSTATE = []\ndef run(i):\n"
         "    seen = os.path.exists('/tmp/mark')\n"
@@ -373,8 +394,8 @@ def test_each_run_starts_from_a_fresh_sandbox(engine: Machine) -> None:
         "    STATE.append(1)\n"
         "    return {'seen': seen, 'state': len(STATE)}\n"
     )
-    tool = make_tool(engine, source)
-    assert [run_tool(engine, tool).output for _ in range(2)] == [
+    tool = make_tool(machine, source)
+    assert [run_tool(machine, tool).output for _ in range(2)] == [
         {"seen": False, "state": 1},
         {"seen": False, "state": 1},
     ]
@@ -385,26 +406,29 @@ def test_each_run_starts_from_a_fresh_sandbox(engine: Machine) -> None:
 SECRET = "sk_live_51HqA9zSECRETvalue"
 
 
+@pytest.mark.jail
 @pytest.mark.smoke
-def test_secret_reaches_the_tool_as_an_env_variable(engine: Machine) -> None:
+def test_secret_reaches_the_tool_as_an_env_variable(machine: Machine) -> None:
     py = "import os\ndef run(i):\n    return {'len': len(os.environ['STRIPE_KEY'])}\n"
     js = "export const run = () => ({ len: process.env.STRIPE_KEY.length })\n"
     for source, ext in ((py, ".py"), (js, ".mjs")):
         result = run_tool(
-            engine, make_tool(engine, source, ext=ext), secrets={"STRIPE_KEY": SECRET}
+            machine, make_tool(machine, source, ext=ext), secrets={"STRIPE_KEY": SECRET}
         )
         assert result.output == {"len": len(SECRET)}
 
 
-def test_jail_environment_is_built_explicitly(engine: Machine) -> None:
+@pytest.mark.jail
+def test_jail_environment_is_built_explicitly(machine: Machine) -> None:
     source = "import os\ndef run(i):\n    return dict(os.environ)\n"
-    result = run_tool(engine, make_tool(engine, source), secrets={"API_KEY": "abcd1234"})
+    result = run_tool(machine, make_tool(machine, source), secrets={"API_KEY": "abcd1234"})
     # The secret is in the env; the output then carries it, so it is withheld.
     assert result.status == "failed" and "API_KEY" in (result.error or "")
-    env = run_tool(engine, make_tool(engine, source)).output
+    env = run_tool(machine, make_tool(machine, source)).output
     assert env == {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize(
     "spelling",
     [
@@ -417,7 +441,7 @@ def test_jail_environment_is_built_explicitly(engine: Machine) -> None:
         "value.splitlines()[1]",
     ],
 )
-def test_secret_in_error_or_logs_is_scrubbed(engine: Machine, spelling: str) -> None:
+def test_secret_in_error_or_logs_is_scrubbed(machine: Machine, spelling: str) -> None:
     source = (
         "import base64, json, os, urllib.parse\n"
         "def run(i):\n"
@@ -427,7 +451,7 @@ def test_secret_in_error_or_logs_is_scrubbed(engine: Machine, spelling: str) -> 
         "    raise RuntimeError('failed with ' + shown)\n"
     )
     multi = SECRET + "\nsecond-line-of-the-key\nthird"
-    result = run_tool(engine, make_tool(engine, source), secrets={"TOKEN": multi})
+    result = run_tool(machine, make_tool(machine, source), secrets={"TOKEN": multi})
     assert result.status == "failed"
     for text in (result.error or "", result.logs):
         assert "[secret]" in text
@@ -436,6 +460,7 @@ def test_secret_in_error_or_logs_is_scrubbed(engine: Machine, spelling: str) -> 
         assert urllib.parse.quote(multi)[:20] not in text
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize(
     "spelling",
     [
@@ -446,25 +471,26 @@ def test_secret_in_error_or_logs_is_scrubbed(engine: Machine, spelling: str) -> 
         "json.dumps(value)",
     ],
 )
-def test_output_with_secret_is_withheld(engine: Machine, spelling: str) -> None:
+def test_output_with_secret_is_withheld(machine: Machine, spelling: str) -> None:
     source = (
         "import base64, json, os, urllib.parse\n"
         "def run(i):\n"
         "    value = os.environ['TOKEN']\n"
         f"    return {{'leak': {spelling}}}\n"
     )
-    result = run_tool(engine, make_tool(engine, source), secrets={"TOKEN": SECRET})
+    result = run_tool(machine, make_tool(machine, source), secrets={"TOKEN": SECRET})
     assert result.status == "failed" and result.output is None
     assert result.error == "output withheld: it contains the value of the secret TOKEN"
 
 
-def test_secrets_never_reach_argv_or_disk(engine: Machine, tmp_path: Any) -> None:
+@pytest.mark.jail
+def test_secrets_never_reach_argv_or_disk(machine: Machine, tmp_path: Any) -> None:
     marker = "zq-marker-7Hf2KkP0"
-    tool = make_tool(engine, "import time\ndef run(i):\n    time.sleep(0.5)\n    return {}\n")
+    tool = make_tool(machine, "import time\ndef run(i):\n    time.sleep(0.5)\n    return {}\n")
 
     async def observe() -> list[str]:
         task = asyncio.ensure_future(
-            engine.pipeline.run(tool, {"m": marker}, secrets={"S": marker + "-secret"})
+            machine.pipeline.run(tool, {"m": marker}, secrets={"S": marker + "-secret"})
         )
         await asyncio.sleep(0.25)
         seen = []
@@ -481,32 +507,34 @@ def test_secrets_never_reach_argv_or_disk(engine: Machine, tmp_path: Any) -> Non
     cmdlines = asyncio.run(observe())
     assert any("nsjail" in c for c in cmdlines)
     assert not any(marker in c for c in cmdlines)
-    data_dir = engine.settings.data_dir
+    data_dir = machine.settings.data_dir
     for path in data_dir.rglob("*"):
         if path.is_file():
             assert marker.encode() not in path.read_bytes(), path
     json.dumps(cmdlines)  # readable
 
 
+@pytest.mark.jail
 def test_jails_are_awaited_where_the_kernel_has_no_pidfds(
-    engine: Machine, monkeypatch: pytest.MonkeyPatch
+    machine: Machine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def refuse(pid: int, flags: int = 0) -> int:
         raise OSError(errno.ENOSYS, "pidfd_open")
 
     monkeypatch.setattr(os, "pidfd_open", refuse)
-    tool = make_tool(engine, "import sys\ndef run(i):\n    print('done')\n    return {'n': 1}\n")
-    result = run_tool(engine, tool)  # with its logs: the answer waits for the jail's exit
+    tool = make_tool(machine, "import sys\ndef run(i):\n    print('done')\n    return {'n': 1}\n")
+    result = run_tool(machine, tool)  # with its logs: the answer waits for the jail's exit
     assert (result.status, result.output, result.logs) == ("succeeded", {"n": 1}, "done\n")
 
 
-def test_a_running_jail_is_awaited_by_the_event_loop_not_a_thread(engine: Machine) -> None:
+@pytest.mark.jail
+def test_a_running_jail_is_awaited_by_the_event_loop_not_a_thread(machine: Machine) -> None:
     """Python 3.11's asyncio waits for each child process in a thread of its own
     ("waitpid-PID"); runnerd's jails are awaited through pidfds in the loop."""
-    tool = make_tool(engine, "import time\ndef run(i):\n    time.sleep(0.5)\n    return {}\n")
+    tool = make_tool(machine, "import time\ndef run(i):\n    time.sleep(0.5)\n    return {}\n")
 
     async def scenario() -> tuple[set[str], RunResult]:
-        running = asyncio.ensure_future(engine.pipeline.run(tool, {}))
+        running = asyncio.ensure_future(machine.pipeline.run(tool, {}))
         await asyncio.sleep(0.3)
         names = {thread.name for thread in threading.enumerate()}
         return names, await running

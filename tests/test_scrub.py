@@ -99,12 +99,12 @@ def test_a_listed_spelling_is_scrubbed(spelling: str) -> None:
 @pytest.mark.jail
 @pytest.mark.parametrize("spelling", SPELLINGS)
 def test_a_listed_spelling_is_scrubbed_from_a_runs_error_and_logs(
-    engine: Machine, spelling: str
+    machine: Machine, spelling: str
 ) -> None:
     secret, expr = SPELLINGS[spelling]
     shown = _spelled(secret, expr)
-    tool = make_tool(engine, _TOOL.format(secret=secret, expr=expr))
-    result = run_tool(engine, tool, secrets=SECRETS)
+    tool = make_tool(machine, _TOOL.format(secret=secret, expr=expr))
+    result = run_tool(machine, tool, secrets=SECRETS)
     assert result.status == "failed"
     for text in (result.error or "", result.logs):
         assert REDACTED in text, text
@@ -113,11 +113,11 @@ def test_a_listed_spelling_is_scrubbed_from_a_runs_error_and_logs(
 
 @pytest.mark.jail
 @pytest.mark.parametrize("spelling", SPELLINGS)
-def test_an_output_with_a_listed_spelling_is_withheld(engine: Machine, spelling: str) -> None:
+def test_an_output_with_a_listed_spelling_is_withheld(machine: Machine, spelling: str) -> None:
     secret, expr = SPELLINGS[spelling]
     shown = _spelled(secret, expr)
-    tool = make_tool(engine, _TOOL.format(secret=secret, expr=expr))
-    result = run_tool(engine, tool, {"give": True}, secrets=SECRETS)
+    tool = make_tool(machine, _TOOL.format(secret=secret, expr=expr))
+    result = run_tool(machine, tool, {"give": True}, secrets=SECRETS)
     assert result.status == "failed" and result.output is None
     assert result.error == f"output withheld: it contains the value of the secret {secret}"
     assert shown not in result.logs and REDACTED in result.logs

@@ -9,10 +9,8 @@ from typing import Any
 
 import pytest
 
-from conftest import EXAMPLE, engine_env, run_cli, tool_doc
+from conftest import EXAMPLE, machine_env, run_cli, tool_doc
 from runnerd.run.machine import Machine
-
-pytestmark = pytest.mark.jail
 
 CASES: list[tuple[str, str, list[str], Any]] = [
     ("sync_py", ".py", [], "def run(input):\n    return {'n': input['n'] * 2}\n"),
@@ -48,9 +46,9 @@ CASES: list[tuple[str, str, list[str], Any]] = [
 
 
 def cli(
-    engine: Machine, *args: str, env: dict[str, str] | None = None
+    machine: Machine, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return run_cli(*args, env={**engine_env(engine), **(env or {})}, timeout=300)
+    return run_cli(*args, env={**machine_env(machine), **(env or {})}, timeout=300)
 
 
 def write_tool(folder: Path, name: str, ext: str, packages: list[str], source: str) -> Path:
@@ -69,25 +67,27 @@ def write_tool(folder: Path, name: str, ext: str, packages: list[str], source: s
     return folder / f"{name}.tool.yaml"
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize(
     ("name", "ext", "packages", "source"),
     [pytest.param(*case, marks=[pytest.mark.network] if case[2] else []) for case in CASES],
 )
 def test_every_kind_of_tool_succeeds(
-    engine: Machine, tmp_path: Path, name: str, ext: str, packages: list[str], source: str
+    machine: Machine, tmp_path: Path, name: str, ext: str, packages: list[str], source: str
 ) -> None:
     path = write_tool(tmp_path, name, ext, packages, source)
-    proc = cli(engine, "tool", "test", str(path), "--input", '{"n": 21}', "--json")
+    proc = cli(machine, "tool", "test", str(path), "--input", '{"n": 21}', "--json")
     assert proc.returncode == 0, proc.stderr + proc.stdout
     body = json.loads(proc.stdout)
     assert body["status"] == "succeeded" and body["output"]["n"] == 42
     assert body["durationMs"] > 0
 
 
+@pytest.mark.jail
 @pytest.mark.smoke
-def test_example_score_offer_runs_by_its_source_path(engine: Machine) -> None:
+def test_example_score_offer_runs_by_its_source_path(machine: Machine) -> None:
     proc = cli(
-        engine,
+        machine,
         "tool",
         "test",
         str(EXAMPLE / "tools" / "score_offer.ts"),
@@ -102,7 +102,8 @@ def test_example_score_offer_runs_by_its_source_path(engine: Machine) -> None:
     assert "Deal size 1000 is small: the discount allowance is halved" in output["reasons"]
 
 
-def test_human_output_shows_status_output_and_logs(engine: Machine, tmp_path: Path) -> None:
+@pytest.mark.jail
+def test_human_output_shows_status_output_and_logs(machine: Machine, tmp_path: Path) -> None:
     path = write_tool(
         tmp_path,
         "talk",
@@ -110,23 +111,24 @@ def test_human_output_shows_status_output_and_logs(engine: Machine, tmp_path: Pa
         [],
         "def run(i):\n    print('hello from the tool')\n    return {'n': 1}\n",
     )
-    proc = cli(engine, "tool", "test", str(path), "--input", '{"n": 1}')
+    proc = cli(machine, "tool", "test", str(path), "--input", '{"n": 1}')
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0
     assert lines[0].startswith("succeeded in ") and lines[0].endswith(" ms")
     assert lines[1:] == ["{", '  "n": 1', "}", "--- logs", "hello from the tool"]
 
 
-def test_invalid_input_is_a_refusal_with_the_pointer(engine: Machine, tmp_path: Path) -> None:
+def test_invalid_input_is_a_refusal_with_the_pointer(machine: Machine, tmp_path: Path) -> None:
     path = write_tool(tmp_path, "dbl", ".py", [], CASES[0][3])
-    proc = cli(engine, "tool", "test", str(path), "--input", '{"n": "x"}', "--json")
+    proc = cli(machine, "tool", "test", str(path), "--input", '{"n": "x"}', "--json")
     assert proc.returncode == 1
     assert json.loads(proc.stdout) == {
         "error": {"code": "INVALID_INPUT", "message": "input /n must be number", "pointer": "/n"}
     }
 
 
-def test_secrets_from_flag_or_from_the_environment(engine: Machine, tmp_path: Path) -> None:
+@pytest.mark.jail
+def test_secrets_from_flag_or_from_the_environment(machine: Machine, tmp_path: Path) -> None:
     path = write_tool(
         tmp_path,
         "sec",
@@ -135,7 +137,7 @@ def test_secrets_from_flag_or_from_the_environment(engine: Machine, tmp_path: Pa
         "import os\ndef run(i):\n    raise RuntimeError(os.environ['A'] + ' ' + os.environ['B'])\n",
     )
     proc = cli(
-        engine,
+        machine,
         "tool",
         "test",
         str(path),
@@ -153,11 +155,11 @@ def test_secrets_from_flag_or_from_the_environment(engine: Machine, tmp_path: Pa
     assert body["error"].startswith("RuntimeError: [secret] [secret]")
 
 
-def test_a_broken_tool_file_is_refused_with_file_and_line(engine: Machine, tmp_path: Path) -> None:
+def test_a_broken_tool_file_is_refused_with_file_and_line(machine: Machine, tmp_path: Path) -> None:
     (tmp_path / "bad.tool.yaml").write_text(
         "name: bad\ndescription: x\ntimeoutMs: 5\ninput: {type: object}\noutput: {type: object}\n"
     )
     (tmp_path / "bad.py").write_text("def run(i):\n    return {}\n")
-    proc = cli(engine, "tool", "test", str(tmp_path / "bad.tool.yaml"), "--input", "{}")
+    proc = cli(machine, "tool", "test", str(tmp_path / "bad.tool.yaml"), "--input", "{}")
     assert proc.returncode == 1
     assert f"{tmp_path}/bad.tool.yaml:3: timeoutMs:" in proc.stderr

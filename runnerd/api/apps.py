@@ -30,12 +30,18 @@ from runnerd.api.bodies import (
     VersionInfo,
     wire_view,
 )
-from runnerd.api.ops import WORKSPACE, Op, Param, json_response, query_param
+from runnerd.api.ops import INSTALL_ID, WORKSPACE, Op, Param, json_response, query_param
 from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
-from runnerd.errors import InvalidBody, NoPreviousVersion, VersionNotFound
-from runnerd.govern.apps import narrowed_grant, owned_app, published_version
-from runnerd.limits import MAX_DEPLOY_BODY_BYTES, MAX_DEPLOY_BODY_TOKENS, MAX_SMALL_BODY_BYTES
+from runnerd.errors import InvalidBody, VersionNotFound
+from runnerd.govern import apps as governed
+from runnerd.limits import (
+    MAX_DEPLOY_BODY_BYTES,
+    MAX_DEPLOY_BODY_TOKENS,
+    MAX_SLUG_CHARS,
+    MAX_SMALL_BODY_BYTES,
+    MAX_VERSION_CHARS,
+)
 from runnerd.model import Bundle
 from runnerd.store import InstallRecord, Store, VersionRecord
 from runnerd.upload.deploy import check_upload
@@ -107,17 +113,14 @@ async def deploy(request: Request, state: AppState) -> Response:
 
     # Decoding, compiling, checking and building package envs: off the event loop.
     bundle = await asyncio.to_thread(check)
-    existing = await state.store.io(state.store.get_app, bundle.manifest.slug)
-    if existing is not None:
-        await state.store.io(owned_app, state.store, existing.slug, workspace_id)
 
     def store() -> VersionRecord:
         # Tens of MB of code in one transaction: in a thread, on a connection of its own
         # (a connection is not shared between threads; WAL lets both see the commit).
         own = Store.open(state.settings)
         try:
-            return own.add_version(
-                bundle, workspace_id=workspace_id, user_id=caller.user_id, key_id=caller.key.id
+            return governed.add_version(
+                own, bundle, workspace_id=workspace_id, user_id=caller.user_id, key_id=caller.key.id
             )
         finally:
             own.close()
@@ -160,7 +163,9 @@ async def publish(request: Request, state: AppState) -> Response:
     assert workspace_id is not None
     caller = await caller_of(request, state, "apps:write")
     await caller.member(state.store, workspace_id, role="builder")
-    app = await state.store.io(owned_app, state.store, request.path_params["appSlug"], workspace_id)
+    app = await state.store.io(
+        governed.owned_app, state.store, request.path_params["appSlug"], workspace_id
+    )
     version = await state.store.io(state.store.find_version, app.id, request.path_params["version"])
     if version is None:
         raise VersionNotFound
@@ -187,45 +192,27 @@ async def create_install(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
     caller = await caller_of(request, state, "apps:write")
-    user_id = caller.need_person()
+    who = caller.principal()
     await caller.member(state.store, workspace_id, role="admin")
     body = await read_body(request, InstallBody, MAX_SMALL_BODY_BYTES)
-    version = await state.store.io(published_version, state.store, body.app_slug, body.version)
-    install = await state.store.io(
-        state.store.create_install,
-        workspace_id,
-        version.app_id,
-        version.id,
-        user_id,
-        key_id=caller.key.id,
+    install = await governed.install_version(
+        state.governor, workspace_id, body.app_slug, body.version, who=who
     )
-    await state.governor.tools_changed()
     return json_response(_install_info(install), status=201)
 
 
 async def switch_install(request: Request, state: AppState) -> Response:
     install, caller = await install_for(request, state)
     body = await read_body(request, SwitchBody, MAX_SMALL_BODY_BYTES)
-    version = await state.store.io(published_version, state.store, install.app_slug, body.version)
-    switched = await state.store.io(
-        state.store.switch_install,
-        install.id,
-        version.id,
-        user_id=caller.user_id,
-        key_id=caller.key.id,
+    switched = await governed.switch_install(
+        state.governor, install, body.version, who=caller.principal()
     )
-    await state.governor.tools_changed()
     return json_response(_install_info(switched))
 
 
 async def rollback_install(request: Request, state: AppState) -> Response:
     install, caller = await install_for(request, state)
-    rolled = await state.store.io(
-        state.store.rollback_install, install.id, user_id=caller.user_id, key_id=caller.key.id
-    )
-    if rolled is None:
-        raise NoPreviousVersion
-    await state.governor.tools_changed()
+    rolled = await governed.rollback_install(state.governor, install, who=caller.principal())
     return json_response(_install_info(rolled))
 
 
@@ -246,7 +233,7 @@ async def narrow_egress(request: Request, state: AppState) -> Response:
     install, caller = await install_for(request, state)
     body = await read_body(request, EgressBody, MAX_SMALL_BODY_BYTES)
     requested = await state.store.io(state.store.requested_egress, install.version_id)
-    granted = narrowed_grant(requested, body.egress, install.version)
+    granted = governed.narrowed_grant(requested, body.egress, install.version)
     narrowed = await state.store.io(
         state.store.narrow_egress,
         install.id,
@@ -257,8 +244,7 @@ async def narrow_egress(request: Request, state: AppState) -> Response:
     return json_response(await state.store.io(_egress_grant, state.store, narrowed))
 
 
-_INSTALL_ID = Param("installId", "The install.", required=True, max_length=64, where="path")
-_SLUG = Param("appSlug", "The app's slug.", required=True, max_length=64, where="path")
+_SLUG = Param("appSlug", "The app's slug.", required=True, max_length=MAX_SLUG_CHARS, where="path")
 
 OPS = [
     Op(
@@ -295,7 +281,13 @@ OPS = [
         params=(
             WORKSPACE,
             _SLUG,
-            Param("version", "The version string.", required=True, max_length=64, where="path"),
+            Param(
+                "version",
+                "The version string.",
+                required=True,
+                max_length=MAX_VERSION_CHARS,
+                where="path",
+            ),
         ),
     ),
     Op(
@@ -326,7 +318,7 @@ OPS = [
         switch_install,
         InstallInfo,
         body=SwitchBody,
-        params=(_INSTALL_ID,),
+        params=(INSTALL_ID,),
     ),
     Op(
         "GET",
@@ -335,7 +327,7 @@ OPS = [
         "What an install may reach: requested by its version, granted to it",
         show_egress,
         EgressGrant,
-        params=(_INSTALL_ID,),
+        params=(INSTALL_ID,),
     ),
     Op(
         "PUT",
@@ -345,7 +337,7 @@ OPS = [
         narrow_egress,
         EgressGrant,
         body=EgressBody,
-        params=(_INSTALL_ID,),
+        params=(INSTALL_ID,),
         description="Admins only. Each destination must be covered by the installed "
         "version's egress list; installing or switching grants that list again.",
     ),
@@ -356,6 +348,6 @@ OPS = [
         "Roll an install back to its previous version",
         rollback_install,
         InstallInfo,
-        params=(_INSTALL_ID,),
+        params=(INSTALL_ID,),
     ),
 ]

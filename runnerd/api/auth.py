@@ -16,8 +16,9 @@ changes state must also carry the session's CSRF token in ``X-CSRF-Token``.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from starlette.requests import Request
 
@@ -28,20 +29,39 @@ from runnerd.errors import (
     InsufficientRole,
     InsufficientScope,
     InvalidApiKey,
+    RunnerdError,
     Unauthenticated,
     WorkspaceKeyNotAllowed,
 )
+from runnerd.govern.admission import Principal, at_least, has_role
 from runnerd.model import Role
-from runnerd.roles import ROLE_RANK
 from runnerd.store import InstallRecord, KeyRecord, MembershipRecord, SessionRecord, Store
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState
 
-__all__ = ["Caller", "authenticate", "bearer_or_key", "caller_of", "install_for", "session_key"]
+__all__ = [
+    "Caller",
+    "authenticate",
+    "bearer_or_key",
+    "caller_of",
+    "install_for",
+    "install_of",
+    "session_key",
+]
 
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class _InWorkspace(Protocol):
+    """A row of one workspace (an install, a run, an approval)."""
+
+    @property
+    def workspace_id(self) -> str: ...
+
+
+Row = TypeVar("Row", bound=_InWorkspace)
 
 
 @dataclass(frozen=True)
@@ -63,6 +83,11 @@ class Caller:
             raise WorkspaceKeyNotAllowed
         return self.key.user_id
 
+    def principal(self) -> Principal:
+        """Who the governor acts for: the person, and the key (for the audit); a workspace
+        key is refused (``need_person``)."""
+        return Principal(self.need_person(), self.key.id)
+
     async def member(
         self, store: Store, workspace_id: str, *, role: Role, apps: bool = True
     ) -> MembershipRecord | None:
@@ -70,17 +95,42 @@ class Caller:
         Apps module); 403 INSUFFICIENT_WORKSPACE_ROLE otherwise. A workspace key acts
         as a builder of its own workspace."""
         if self.key.kind == "workspace":
-            if self.key.workspace_id == workspace_id and ROLE_RANK[role] <= ROLE_RANK["builder"]:
+            if self.key.workspace_id == workspace_id and at_least("builder", role):
                 return None
             raise InsufficientRole
         assert self.key.user_id is not None
         found = await store.io(store.membership, workspace_id, self.key.user_id)
-        if (
-            found is None
-            or ROLE_RANK[found.role] < ROLE_RANK[role]
-            or (apps and not found.apps_access)
-        ):
+        if not has_role(found, role, apps=apps):
             raise InsufficientRole
+        return found
+
+    def sees(self, store: Store, workspace_id: str) -> bool:
+        """Whether the caller sees what ``workspace_id`` holds at all: it is a member (a
+        workspace key: it is that workspace's key), whatever its role."""
+        if self.key.kind == "workspace":
+            return self.key.workspace_id == workspace_id
+        return self.key.user_id is not None and (
+            store.membership(workspace_id, self.key.user_id) is not None
+        )
+
+    async def visible(
+        self,
+        store: Store,
+        lookup: Callable[[str], Row | None],
+        row_id: str,
+        missing: type[RunnerdError],
+    ) -> Row:
+        """The row ``lookup`` finds for ``row_id``, if it is in a workspace the caller
+        sees (``sees``); ``missing`` (a not-found error) otherwise: rows of the
+        workspaces of others are not found, never forbidden. One store hop."""
+
+        def find() -> Row | None:
+            row = lookup(row_id)
+            return row if row is not None and self.sees(store, row.workspace_id) else None
+
+        found = await store.io(find)
+        if found is None:
+            raise missing
         return found
 
 
@@ -96,7 +146,7 @@ def bearer_or_key(request: Request) -> str:
 async def caller_of(request: Request, state: AppState, scope: str) -> Caller:
     """Authenticate, check the token scope, and spend one rate-limit token: the first
     step of every authenticated route, always in this order (401, 403, 429)."""
-    caller = await authenticate(request, state.store, state.cookies)
+    caller = await authenticate(request, state.store, state.signer)
     caller.need_scope(scope)
     state.limiter.take(caller.key.id)
     return caller
@@ -143,18 +193,25 @@ def session_key(session: SessionRecord) -> KeyRecord:
     )
 
 
+async def install_of(
+    request: Request, state: AppState, caller: Caller, role: Role
+) -> InstallRecord:
+    """The install of the path, if ``caller`` may act on it with ``role`` (403
+    INSUFFICIENT_WORKSPACE_ROLE otherwise); installs of workspaces the caller does not
+    see are not found (404)."""
+    store = state.store
+    install = await caller.visible(
+        store, store.get_install, request.path_params["installId"], InstallNotFound
+    )
+    await caller.member(store, install.workspace_id, role=role)
+    return install
+
+
 async def install_for(
     request: Request, state: AppState, *, scope: str = "apps:write", role: Role = "admin"
 ) -> tuple[InstallRecord, Caller]:
     """The install of the path, for a person of at least ``role`` in its workspace (a
     token needs ``scope``); installs of other workspaces are not found."""
     caller = await caller_of(request, state, scope)
-    user_id = caller.need_person()
-    install = await state.store.io(state.store.get_install, request.path_params["installId"])
-    if (
-        install is None
-        or await state.store.io(state.store.membership, install.workspace_id, user_id) is None
-    ):
-        raise InstallNotFound
-    await caller.member(state.store, install.workspace_id, role=role)
-    return install, caller
+    caller.need_person()
+    return await install_of(request, state, caller, role), caller

@@ -10,7 +10,12 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
-from runnerd.limits import MAX_EGRESS_ENTRIES, MAX_EGRESS_ENTRY_CHARS
+from runnerd.limits import (
+    MAX_EGRESS_ENTRIES,
+    MAX_EGRESS_ENTRY_CHARS,
+    MAX_SLUG_CHARS,
+    MAX_VERSION_CHARS,
+)
 from runnerd.model import ApprovalStatus, Effect, Language, Role, RunEnd, RunStatus, Surface
 from runnerd.store import AuditEntry, BudgetStatus, InstallRecord
 
@@ -148,9 +153,12 @@ class AppList(_Wire):
     data: list[AppInfo]
 
 
+_Version = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_VERSION_CHARS)]
+
+
 class InstallBody(_Wire):
-    app_slug: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-    version: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    app_slug: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SLUG_CHARS)]
+    version: _Version
 
 
 _Destination = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_EGRESS_ENTRY_CHARS)]
@@ -169,7 +177,7 @@ class EgressGrant(_Wire):
 
 
 class SwitchBody(_Wire):
-    version: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    version: _Version
 
 
 # An install as the API shows it: the store's record, camelCase, id as installId.

@@ -18,7 +18,14 @@ from starlette.responses import Response
 from runnerd.errors import RunnerdError
 from runnerd.metrics import METRICS
 
-__all__ = ["ApiError", "code_for_status", "envelope", "error_response", "from_domain"]
+__all__ = [
+    "ApiError",
+    "code_for_status",
+    "count_refusal",
+    "envelope",
+    "error_response",
+    "from_domain",
+]
 
 # code -> (HTTP status, default message): the List App Tools codes, plus what the
 # management API adds (405, 409, 415).
@@ -58,9 +65,16 @@ class ApiError(Exception):
         super().__init__(self.message)
 
 
+def count_refusal(error: ApiError) -> None:
+    """Count a refusal in ``runnerd_refusals_total``, by its reason (details.code, else
+    the code): once for each refusal, on every surface (this module's error answers,
+    MCP's refused calls)."""
+    METRICS.refusals.labels(str((error.details or {}).get("code", error.code))).inc()
+
+
 def error_response(error: ApiError) -> Response:
     """The one function that builds an error body (and counts the refusal)."""
-    METRICS.refusals.labels(str((error.details or {}).get("code", error.code))).inc()
+    count_refusal(error)
     body: dict[str, Any] = {"code": error.code, "message": error.message}
     if error.details is not None:
         body["details"] = error.details

@@ -7,13 +7,13 @@ from __future__ import annotations
 import csv
 import io
 import re
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runnerd.api.auth import Caller, caller_of
+from runnerd.api.auth import caller_of, install_of
 from runnerd.api.bodies import (
     ApprovalInfo,
     ApprovalList,
@@ -37,6 +37,7 @@ from runnerd.api.bodies import (
     wire_view,
 )
 from runnerd.api.ops import (
+    INSTALL_ID,
     WORKSPACE,
     Op,
     Param,
@@ -47,46 +48,23 @@ from runnerd.api.ops import (
 from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
 from runnerd.errors import (
-    ApprovalNotFound,
-    InstallNotFound,
     InvalidQuery,
     RunNotFound,
     SecretNotFound,
 )
-from runnerd.govern.admission import Principal
+from runnerd.govern.results import may_see_output
 from runnerd.govern.secrets import SECRET_NAME, check_secret_name, check_secret_value
 from runnerd.limits import (
     MAX_DESTINATION_CHARS,
+    MAX_ID_CHARS,
+    MAX_NAME_CHARS,
     MAX_SECRET_BODY_BYTES,
+    MAX_SECRET_NAME_CHARS,
     MAX_SMALL_BODY_BYTES,
 )
-from runnerd.model import Role
-from runnerd.store import ApprovalRow, InstallRecord, RunRow
+from runnerd.store import ApprovalRow, RunRow
 
 __all__ = ["OPS"]
-
-
-async def _install(request: Request, state: AppState, caller: Caller, role: Role) -> InstallRecord:
-    """The install of the path, if the caller may act on it with ``role``; installs of
-    workspaces the caller is not in are not found."""
-    install = await state.store.io(state.store.get_install, request.path_params["installId"])
-    if install is not None:
-        if caller.key.kind == "workspace":
-            visible = caller.key.workspace_id == install.workspace_id
-        else:
-            assert caller.user_id is not None
-            visible = (
-                await state.store.io(state.store.membership, install.workspace_id, caller.user_id)
-                is not None
-            )
-        if visible:
-            await caller.member(state.store, install.workspace_id, role=role)
-            return install
-    raise InstallNotFound
-
-
-def _who(caller: Caller) -> Principal:
-    return Principal(user_id=caller.need_person(), key_id=caller.key.id)
 
 
 # --- secrets ----------------------------------------------------------------------------------
@@ -94,7 +72,7 @@ def _who(caller: Caller) -> Principal:
 
 async def put_secret(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "apps:write")
-    install = await _install(request, state, caller, "admin")
+    install = await install_of(request, state, caller, "admin")
     name = check_secret_name(str(request.path_params["name"]))
     body = await read_body(request, SecretBody, MAX_SECRET_BODY_BYTES)
     check_secret_value(body.value)
@@ -113,14 +91,14 @@ async def put_secret(request: Request, state: AppState) -> Response:
 
 async def list_secrets(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "api:read")
-    install = await _install(request, state, caller, "builder")
+    install = await install_of(request, state, caller, "builder")
     names = await state.store.io(state.store.secret_names, install.id)
     return json_response(SecretList(data=[SecretInfo(name=n, updated_at=u) for n, u in names]))
 
 
 async def delete_secret(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "apps:write")
-    install = await _install(request, state, caller, "admin")
+    install = await install_of(request, state, caller, "admin")
     name = check_secret_name(str(request.path_params["name"]))
     if not await state.store.io(
         state.store.delete_secret,
@@ -143,13 +121,13 @@ async def _budget_info(state: AppState, install_id: str) -> msgspec.Struct:
 
 async def get_budget(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "api:read")
-    install = await _install(request, state, caller, "viewer")
+    install = await install_of(request, state, caller, "viewer")
     return json_response(await _budget_info(state, install.id))
 
 
 async def put_budget(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "apps:write")
-    install = await _install(request, state, caller, "admin")
+    install = await install_of(request, state, caller, "admin")
     body = await read_body(request, BudgetBody, MAX_SMALL_BODY_BYTES)
     await state.store.io(
         state.store.set_budget,
@@ -167,6 +145,14 @@ async def put_budget(request: Request, state: AppState) -> Response:
 MONTH = re.compile(r"\d{4}-(0[1-9]|1[0-2])")
 
 
+def ledger_month(month: str | None) -> str | None:
+    """The ledger's month filter on every surface (this API, ``runnerd ledger export``):
+    none, or YYYY-MM; InvalidQuery otherwise."""
+    if month is not None and not MONTH.fullmatch(month):
+        raise InvalidQuery("month", "month is YYYY-MM")
+    return month
+
+
 async def _admin_of_workspace(request: Request, state: AppState) -> str:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
@@ -178,9 +164,7 @@ async def _admin_of_workspace(request: Request, state: AppState) -> str:
 
 async def get_ledger(request: Request, state: AppState) -> Response:
     workspace_id = await _admin_of_workspace(request, state)
-    month = request.query_params.get("month")
-    if month is not None and not MONTH.fullmatch(month):
-        raise InvalidQuery("month", "month is YYYY-MM")
+    month = ledger_month(request.query_params.get("month"))
     rows = await state.store.io(
         state.store.ledger,
         month=month,
@@ -194,16 +178,28 @@ async def get_ledger(request: Request, state: AppState) -> Response:
     return json_response(LedgerList(data=[LedgerRow(**r) for r in rows]))
 
 
-def _csv(rows: list[dict[str, Any]], filename: str) -> Response:
-    """Ledger rows as CSV, the wire's column names (camelCase) as the header."""
-    out = io.StringIO()
+def ledger_csv(
+    rows: list[dict[str, Any]],
+    *,
+    header: Literal["wire", "columns"] = "wire",
+    line_end: str = "\r\n",
+) -> str:
+    """Ledger rows as CSV on every surface, an empty cell for null: the wire's names
+    (camelCase) as the header of this API's download; the store's column names, and
+    newline line ends, for ``runnerd ledger export``."""
     fields = list(LedgerRow.__struct_fields__)
-    writer = csv.writer(out)
-    writer.writerow([_camel(f) for f in fields])
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator=line_end)
+    writer.writerow([_camel(f) for f in fields] if header == "wire" else fields)
     for row in rows:
         writer.writerow(["" if row.get(f) is None else row[f] for f in fields])
+    return out.getvalue()
+
+
+def _csv(rows: list[dict[str, Any]], filename: str) -> Response:
+    """Ledger rows as a CSV download (ledger_csv)."""
     return Response(
-        out.getvalue(),
+        ledger_csv(rows),
         media_type="text/csv; charset=utf-8",
         headers={"Content-Disposition": f'attachment; filename="{filename}"'},
     )
@@ -251,17 +247,11 @@ async def list_approvals(request: Request, state: AppState) -> Response:
 
 
 async def _decide(request: Request, state: AppState, approve: bool) -> Response:
+    """The governor decides (expiry, who may see and decide it); this translates."""
     caller = await caller_of(request, state, "tools:run")
-    who = _who(caller)
-    approval = await state.store.io(state.store.get_approval, request.path_params["approvalId"])
-    if (
-        approval is None
-        or await state.store.io(state.store.membership, approval.workspace_id, who.user_id) is None
-    ):
-        raise ApprovalNotFound
-    await caller.member(state.store, approval.workspace_id, role="member")
-    await state.governor.approvals.expire()
-    decided = await state.governor.decide(approval.id, approve=approve, who=who)
+    decided = await state.governor.decide(
+        str(request.path_params["approvalId"]), approve=approve, who=caller.principal()
+    )
     return json_response(_approval_info(decided))
 
 
@@ -308,22 +298,19 @@ def _egress_use(figure: Any) -> EgressUse:
 async def get_run(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "api:read")
     user_id = caller.need_person()
-    row = await state.store.io(state.store.get_run, request.path_params["runId"])
-    if (
-        row is None
-        or await state.store.io(state.store.membership, row.workspace_id, user_id) is None
-    ):
-        raise RunNotFound
+    row = await caller.visible(
+        state.store, state.store.get_run, request.path_params["runId"], RunNotFound
+    )
     member = await caller.member(state.store, row.workspace_id, role="viewer")
     detail = RunDetail(run=_run_info(row))
-    # The output is the asker's: theirs, the approver's who released it, or an admin's.
     approval = (
         await state.store.io(state.store.get_approval, row.approval_id) if row.approval_id else None
     )
-    entitled = (
-        user_id == row.user_id
-        or (member is not None and member.role == "admin")
-        or (approval is not None and approval.decided_by == user_id)
+    entitled = may_see_output(
+        user_id,
+        role=None if member is None else member.role,
+        ran_for=row.user_id,
+        released_by=None if approval is None else approval.decided_by,
     )
     cached = state.governor.results.get(row.id) if row.status != "running" and entitled else None
     if cached is not None:
@@ -336,7 +323,7 @@ async def get_run(request: Request, state: AppState) -> Response:
 async def list_runs(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "api:read")
     caller.need_person()
-    install = await _install(request, state, caller, "viewer")
+    install = await install_of(request, state, caller, "viewer")
     limit = int_query(request, "limit", 50, 1, 500)
     rows = await state.store.io(
         state.store.list_runs,
@@ -355,7 +342,7 @@ async def list_runs(request: Request, state: AppState) -> Response:
 async def usage(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "api:read")
     caller.need_person()
-    install = await _install(request, state, caller, "viewer")
+    install = await install_of(request, state, caller, "viewer")
     days = int_query(request, "days", 30, 1, 366)
     rows = await state.store.io(state.store.usage_by_day, install.id, days)
     return json_response(UsageList(data=[UsageDay(**r) for r in rows]))
@@ -364,7 +351,7 @@ async def usage(request: Request, state: AppState) -> Response:
 async def latest_runs(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "api:read")
     caller.need_person()
-    install = await _install(request, state, caller, "viewer")
+    install = await install_of(request, state, caller, "viewer")
     found = await state.store.io(
         state.store.latest_runs, install.id, int_query(request, "perTool", 5, 1, 50)
     )
@@ -373,16 +360,17 @@ async def latest_runs(request: Request, state: AppState) -> Response:
     )
 
 
-_INSTALL = Param("installId", "The install.", required=True, max_length=64, where="path")
 _NAME = Param(
     "name",
     "The secret's name (an environment variable name).",
     required=True,
-    max_length=128,
+    max_length=MAX_SECRET_NAME_CHARS,
     where="path",
     pattern=f"^{SECRET_NAME.pattern}$",
 )
-_APPROVAL = Param("approvalId", "The approval.", required=True, max_length=64, where="path")
+_APPROVAL = Param(
+    "approvalId", "The approval.", required=True, max_length=MAX_ID_CHARS, where="path"
+)
 
 OPS = [
     Op(
@@ -393,7 +381,7 @@ OPS = [
         put_secret,
         SecretInfo,
         body=SecretBody,
-        params=(_INSTALL, _NAME),
+        params=(INSTALL_ID, _NAME),
         description="The value is encrypted at rest and never returned by any endpoint.",
     ),
     Op(
@@ -403,7 +391,7 @@ OPS = [
         "Delete a secret of an install (admins)",
         delete_secret,
         Deleted,
-        params=(_INSTALL, _NAME),
+        params=(INSTALL_ID, _NAME),
     ),
     Op(
         "GET",
@@ -412,7 +400,7 @@ OPS = [
         "List the names of an install's secrets (builders and admins)",
         list_secrets,
         SecretList,
-        params=(_INSTALL,),
+        params=(INSTALL_ID,),
     ),
     Op(
         "GET",
@@ -421,7 +409,7 @@ OPS = [
         "The install's monthly budget and this month's use",
         get_budget,
         BudgetInfo,
-        params=(_INSTALL,),
+        params=(INSTALL_ID,),
     ),
     Op(
         "PUT",
@@ -431,7 +419,7 @@ OPS = [
         put_budget,
         BudgetInfo,
         body=BudgetBody,
-        params=(_INSTALL,),
+        params=(INSTALL_ID,),
     ),
     Op(
         "GET",
@@ -441,8 +429,8 @@ OPS = [
         list_runs,
         RunList,
         params=(
-            _INSTALL,
-            Param("tool", "Only this tool.", max_length=40),
+            INSTALL_ID,
+            Param("tool", "Only this tool.", max_length=MAX_NAME_CHARS),
             Param("status", "Only this status.", max_length=16),
             Param("surface", "Only runs from this surface (app, chat, api...).", max_length=16),
             Param(
@@ -451,7 +439,7 @@ OPS = [
                 max_length=32,
                 pattern=r"^\d{4}-\d{2}-\d{2}([T ][0-9:.]+Z?)?$",
             ),
-            Param("cursor", "nextCursor of the previous page.", max_length=64),
+            Param("cursor", "nextCursor of the previous page.", max_length=MAX_ID_CHARS),
             Param("limit", "1 to 500 (default 50).", integer=(1, 500)),
         ),
     ),
@@ -462,7 +450,7 @@ OPS = [
         "The last runs of each tool of an install",
         latest_runs,
         LatestRuns,
-        params=(_INSTALL, Param("perTool", "1 to 50 (default 5).", integer=(1, 50))),
+        params=(INSTALL_ID, Param("perTool", "1 to 50 (default 5).", integer=(1, 50))),
     ),
     Op(
         "GET",
@@ -471,7 +459,7 @@ OPS = [
         "Runs per day by status, and sandbox time per day, of an install",
         usage,
         UsageList,
-        params=(_INSTALL, Param("days", "1 to 366 (default 30).", integer=(1, 366))),
+        params=(INSTALL_ID, Param("days", "1 to 366 (default 30).", integer=(1, 366))),
         description="Days are UTC; a day without runs is absent.",
     ),
     Op(
@@ -481,7 +469,7 @@ OPS = [
         "One run, with its output while held in memory",
         get_run,
         RunDetail,
-        params=(Param("runId", "The run.", required=True, max_length=64, where="path"),),
+        params=(Param("runId", "The run.", required=True, max_length=MAX_ID_CHARS, where="path"),),
     ),
     Op(
         "GET",
@@ -492,9 +480,9 @@ OPS = [
         LedgerList,
         params=(
             WORKSPACE,
-            Param("month", "YYYY-MM", max_length=7, pattern=r"^\d{4}-(0[1-9]|1[0-2])$"),
-            Param("installId", "Only this install.", max_length=64),
-            Param("appId", "Only this app.", max_length=64),
+            Param("month", "YYYY-MM", max_length=7, pattern=f"^{MONTH.pattern}$"),
+            Param("installId", "Only this install.", max_length=MAX_ID_CHARS),
+            Param("appId", "Only this app.", max_length=MAX_ID_CHARS),
             Param("payer", "Only this payer (workspace id or workflow run id).", max_length=128),
             Param(
                 "format",
@@ -515,8 +503,8 @@ OPS = [
         AuditList,
         params=(
             WORKSPACE,
-            Param("action", "Only this action or family (tool, app...).", max_length=64),
-            Param("installId", "Only this install.", max_length=64),
+            Param("action", "Only this action or family (tool, app...).", max_length=MAX_ID_CHARS),
+            Param("installId", "Only this install.", max_length=MAX_ID_CHARS),
             Param("cursor", "nextCursor of the previous page.", integer=(0, 2**62)),
             Param("limit", "1 to 1000 (default 100).", integer=(1, 1000)),
         ),

@@ -76,7 +76,8 @@ def openapi_document(ops: list[Op]) -> dict[str, Any]:
                 "description": _STATUS_TEXT.get(status, "Accepted"),
                 "content": {"application/json": {"schema": ref[kind]}},
             }
-        # Every operation with a body refuses any other Content-Type (api/app.py).
+        # Every operation with a body refuses any other Content-Type (api/reading.py
+        # require_json, called by every route daemon/app.py builds).
         statuses = (*op.errors, 415) if op.body is not None else op.errors
         for status in statuses:
             response: dict[str, Any] = {"description": _STATUS_TEXT[status], "content": error}

@@ -15,14 +15,14 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runnerd.errors import (
-    InvalidQuery,
-)
+from runnerd.errors import InvalidQuery
+from runnerd.limits import MAX_ID_CHARS
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState
 
 __all__ = [
+    "INSTALL_ID",
     "WORKSPACE",
     "Op",
     "Param",
@@ -83,6 +83,10 @@ def json_response(value: Any, status: int = 200) -> Response:
 # The workspace a request acts in, on every operation that lists or changes its things.
 WORKSPACE = Param(
     "workspaceId", "Workspace the request is authorized against.", required=True, max_length=128
+)
+# The install of the path, on every operation on one install.
+INSTALL_ID = Param(
+    "installId", "The install.", required=True, max_length=MAX_ID_CHARS, where="path"
 )
 
 

@@ -43,7 +43,7 @@ from runnerd.errors import (
     WorkspaceNotFound,
 )
 from runnerd.govern.people import add_member, key_holder, token_scopes
-from runnerd.limits import MAX_SMALL_BODY_BYTES
+from runnerd.limits import MAX_ID_CHARS, MAX_SMALL_BODY_BYTES
 from runnerd.store import Store
 
 __all__ = ["OPS"]
@@ -104,7 +104,7 @@ async def sign_in(request: Request, state: AppState) -> Response:
         store.create_session, user_id, ttl_s=ttl_s, via=via, key_id=key_id
     )
     response = await _session_info(store, user_id, session.csrf, session.expires_at)
-    state.cookies.set(response, request, secret, ttl_s)
+    state.signer.set(response, request, secret, ttl_s)
     return response
 
 
@@ -122,11 +122,11 @@ async def get_session(request: Request, state: AppState) -> Response:
 
 async def sign_out(request: Request, state: AppState) -> Response:
     caller = await caller_of(request, state, "api:read")
-    secret = state.cookies.secret_of(request)
+    secret = state.signer.secret_of(request)
     if caller.session is not None and secret is not None:
         await state.store.io(state.store.end_session, secret)
     response = json_response(SignedOut(signed_out=True))
-    state.cookies.clear(response, request)
+    state.signer.clear(response, request)
     return response
 
 
@@ -241,7 +241,7 @@ async def create_key(request: Request, state: AppState) -> Response:
 async def revoke_key(request: Request, state: AppState) -> Response:
     """Revoke a key: from this request on it authenticates nothing, and the Manage-page
     sessions signed in with it end with it (store); MCP sessions it opened are ended
-    by the MCP gateway (api/mcp.py)."""
+    by MCP's session guard (mcp/sessions.py)."""
     caller, workspace_id = await _admin(request, state, "apps:write")
     key_id = str(request.path_params["keyId"])
     store = state.store
@@ -275,7 +275,9 @@ async def verify_audit(request: Request, state: AppState) -> Response:
     )
 
 
-_WORKSPACE_PATH = Param("workspaceId", "The workspace.", required=True, max_length=64, where="path")
+_WORKSPACE_PATH = Param(
+    "workspaceId", "The workspace.", required=True, max_length=MAX_ID_CHARS, where="path"
+)
 
 OPS = [
     Op(
@@ -330,7 +332,7 @@ OPS = [
         MemberList,
         params=(
             _WORKSPACE_PATH,
-            Param("userId", "The person.", required=True, max_length=64, where="path"),
+            Param("userId", "The person.", required=True, max_length=MAX_ID_CHARS, where="path"),
         ),
         description="From this request on, nothing of theirs acts in the workspace: their "
         "Manage-page sessions and MCP sessions lose it at once. Their keys stay, for the "
@@ -365,7 +367,7 @@ OPS = [
         Revoked,
         params=(
             _WORKSPACE_PATH,
-            Param("keyId", "The key.", required=True, max_length=64, where="path"),
+            Param("keyId", "The key.", required=True, max_length=MAX_ID_CHARS, where="path"),
         ),
     ),
     Op(
@@ -375,6 +377,6 @@ OPS = [
         "Verify the audit trail's hash chain (admins)",
         verify_audit,
         AuditVerdict,
-        params=(Param("workspaceId", "The workspace.", required=True, max_length=64),),
+        params=(Param("workspaceId", "The workspace.", required=True, max_length=MAX_ID_CHARS),),
     ),
 ]

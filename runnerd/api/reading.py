@@ -1,6 +1,6 @@
 """What every surface reads a request body with: JSON only (415 otherwise), no key twice in
 one object, nesting bounded before anything decodes, a size cap. The JSON API's handlers
-(api/ops.py ``read_body``) and MCP's endpoint (mcp/endpoint.py) share these rules.
+(``read_body`` here) and MCP's endpoint (mcp/endpoint.py) share these rules.
 """
 
 from __future__ import annotations

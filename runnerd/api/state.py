@@ -21,4 +21,4 @@ class AppState:
     machine: Machine
     limiter: RateLimiter
     governor: Governor
-    cookies: CookieSigner
+    signer: CookieSigner  # signs session cookies and MCP's held-approval state

@@ -15,19 +15,22 @@ from runnerd.api.bodies import (
     ToolInfo,
     ToolList,
 )
-from runnerd.api.ops import WORKSPACE, Op, Param, json_response, query_param
+from runnerd.api.ops import INSTALL_ID, WORKSPACE, Op, Param, json_response, query_param
 from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
-from runnerd.errors import InstallNotFound
-from runnerd.govern.admission import Principal
+from runnerd.errors import InstallNotFound, InsufficientRole
+from runnerd.govern.admission import may_run
 from runnerd.govern.results import Pending
-from runnerd.limits import MAX_CALL_BODY_BYTES
+from runnerd.limits import MAX_CALL_BODY_BYTES, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_SLUG_CHARS
 from runnerd.run.pipeline import tool_key
-from runnerd.store import InstallRecord, Store, ToolRecord
+from runnerd.store import InstallRecord, ToolRecord
 
 __all__ = ["OPS"]
 
-INSTALL = Param("installId", "Only the tools of this install.", max_length=64)
+INSTALL = Param("installId", "Only the tools of this install.", max_length=MAX_ID_CHARS)
+TOOL_NAME = Param(
+    "toolName", "The tool's name.", required=True, max_length=MAX_NAME_CHARS, where="path"
+)
 
 
 async def list_tools(request: Request, state: AppState) -> Response:
@@ -64,7 +67,7 @@ async def _run(
         install,
         tool_name,
         body.input,
-        who=Principal(caller.need_person(), caller.key.id),
+        who=caller.principal(),
         surface=body.surface,
         workflow_run_id=body.workflow_run_id,
         idempotency_key=request.headers.get("idempotency-key"),
@@ -95,35 +98,29 @@ async def _caller_for_run(request: Request, state: AppState) -> Caller:
     return caller
 
 
-def _visible_install(store: Store, install_id: str, user_id: str) -> InstallRecord | None:
-    """The install, unless it is in a workspace the person is not in."""
-    install = store.get_install(install_id)
-    if install is None or store.membership(install.workspace_id, user_id) is None:
-        return None
-    return install
-
-
 async def run_tool(request: Request, state: AppState) -> Response:
     caller = await _caller_for_run(request, state)
-    user_id = caller.need_person()
-    install = await state.store.io(
-        _visible_install, state.store, request.path_params["installId"], user_id
+    store = state.store
+    install = await caller.visible(
+        store, store.get_install, request.path_params["installId"], InstallNotFound
     )
-    if install is None:
-        raise InstallNotFound
     body = await read_body(request, RunBody, MAX_CALL_BODY_BYTES, free_form=True)
     return await _run(request, state, caller, install, request.path_params["toolName"], body)
 
 
 async def run_by_reference(request: Request, state: AppState) -> Response:
+    """The governor decides who may run (and audits a refusal, as for ``run_tool``); the
+    workspace's install of the app is found first, only for someone in the workspace."""
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
     caller = await _caller_for_run(request, state)
-    await caller.member(state.store, workspace_id, role="member")
+    member = await caller.member(state.store, workspace_id, role="viewer", apps=False)
     install = await state.store.io(
         state.store.install_of_app, workspace_id, request.path_params["appSlug"]
     )
     if install is None:
+        if not may_run(member):  # nothing to call, and no call it could make: as before
+            raise InsufficientRole
         raise InstallNotFound("The workspace has no install of this app")
     body = await read_body(request, RunBody, MAX_CALL_BODY_BYTES, free_form=True)
     return await _run(request, state, caller, install, request.path_params["toolName"], body)
@@ -171,10 +168,7 @@ async def check_tool_input(request: Request, state: AppState) -> Response:
     return json_response(InputVerdict(valid=True))
 
 
-_TOOL_PARAMS = (
-    Param("installId", "The install.", required=True, max_length=64, where="path"),
-    Param("toolName", "The tool's name.", required=True, max_length=40, where="path"),
-)
+_TOOL_PARAMS = (INSTALL_ID, TOOL_NAME)
 
 OPS = [
     Op(
@@ -221,10 +215,7 @@ OPS = [
         run_tool,
         RunResponse,
         body=RunBody,
-        params=(
-            Param("installId", "The install.", required=True, max_length=64, where="path"),
-            Param("toolName", "The tool's name.", required=True, max_length=40, where="path"),
-        ),
+        params=_TOOL_PARAMS,
         errors=(400, 401, 403, 404, 409, 429, 500, 503),
         extra_responses={202: PendingApproval},
         description="Runs the tool once in a fresh sandbox. Answers 200 for every run that "
@@ -241,8 +232,10 @@ OPS = [
         body=RunBody,
         params=(
             WORKSPACE,
-            Param("appSlug", "The app's slug.", required=True, max_length=64, where="path"),
-            Param("toolName", "The tool's name.", required=True, max_length=40, where="path"),
+            Param(
+                "appSlug", "The app's slug.", required=True, max_length=MAX_SLUG_CHARS, where="path"
+            ),
+            TOOL_NAME,
         ),
         errors=(400, 401, 403, 404, 409, 429, 500, 503),
         extra_responses={202: PendingApproval},

@@ -3,7 +3,7 @@
 msgspec, Python's json and every validator recurse once per level; past ~1,000 levels
 they raise RecursionError (a 500, or a traceback), and well before that the work is
 waste. Callers check the raw bytes with ``nesting_over`` first and refuse what nests
-deeper than constants.MAX_JSON_DEPTH.
+deeper than limits.MAX_JSON_DEPTH.
 """
 
 from __future__ import annotations

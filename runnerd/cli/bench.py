@@ -337,7 +337,7 @@ def _app_files(tools: list[tuple[str, str, str]]) -> dict[str, bytes]:
 
 
 def bench_tool(machine: Machine, name: str, ext: str, source: str) -> Tool:
-    """One trivial tool, checked as an upload checks it, for the run engine."""
+    """One trivial tool, checked as an upload checks it, for the machine."""
     [tool] = load_bundle(_app_files([(name, ext, source)]), toolchain=machine.toolchain).tools
     return tool
 

@@ -153,18 +153,23 @@ def _local_tool_files(path: Path) -> tuple[Path, dict[str, bytes]]:
 def _secrets(pairs: list[str]) -> dict[str, str]:
     """The run's secrets from ``--secret NAME=VALUE`` (or ``NAME``, read from the
     environment), under the daemon's rules for secrets: a name or value it would refuse
-    is refused here too (ValueError), with its reason. No value is ever in a message."""
+    is refused here too (ValueError naming every refused one, a line each, with its
+    reason). No value is ever in a message."""
     found: dict[str, str] = {}
+    refused: list[str] = []
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep:  # --secret NAME: the value comes from this process's environment
             if name not in os.environ:
-                raise ValueError(f"--secret {name}: no environment variable {name} to read")
+                refused.append(f"--secret {name}: no environment variable {name} to read")
+                continue
             value = os.environ[name]
         try:
             found[check_secret_name(name)] = check_secret_value(value)
         except (InvalidSecretName, InvalidSecretValue) as exc:
-            raise ValueError(f"--secret {name}: refused ({exc.reason}): {exc}") from None
+            refused.append(f"--secret {name}: refused ({exc.reason}): {exc}")
+    if refused:
+        raise ValueError("\n".join(refused))
     return found
 
 
@@ -188,7 +193,8 @@ def cmd_tool_test(args: argparse.Namespace) -> int:
     except InputRejected as exc:
         return _refused(args, exc)
     except (ValueError, OSError) as exc:
-        print(f"runnerd: --input/--secret: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"runnerd: --input/--secret: {line}", file=sys.stderr)
         return 2
     grant = []
     for entry in args.egress or []:

@@ -15,13 +15,33 @@ from pathlib import Path
 from typing import Any
 
 from runnerd import __version__
-from runnerd.cli.admin import register_admin
+from runnerd.cli import people, store_ops
+from runnerd.cli.audit import register_audit
 from runnerd.cli.client import register_client
 from runnerd.cli.local import register_local
 from runnerd.cli.serve import register_serve
+from runnerd.cli.service import register_service
 from runnerd.errors import ConfigError, DatabaseUnavailable, SandboxUnavailable, StoreUnavailable
 
 __all__ = ["main"]
+
+# ``runnerd admin``'s commands, in the order its help lists them (cli/people.py: people
+# and keys; cli/store_ops.py: the store itself).
+ADMIN_ORDER = (
+    "bootstrap",
+    "add-person",
+    "set-role",
+    "create-key",
+    "token",
+    "workspace-key",
+    "login-link",
+    "migrate",
+    "copy",
+    "backup",
+    "restore",
+    "revoke-key",
+    "rotate-secrets-key",
+)
 
 
 # --- parser ---------------------------------------------------------------------------------
@@ -48,8 +68,17 @@ def _parser() -> argparse.ArgumentParser:
             dest="command", required=True, metavar="COMMAND"
         )
 
+    register_service(groups, common)
     register_serve(groups, common)
-    register_admin(groups, common, group_parser)
+    groups.add_parser("openapi", parents=[common], help="print the OpenAPI document").set_defaults(
+        func=_openapi
+    )
+    admin = group_parser("admin", "people, roles and keys (local, on the data dir)")
+    commands = {**people.ADMIN_COMMANDS, **store_ops.ADMIN_COMMANDS}
+    assert set(commands) == set(ADMIN_ORDER)
+    for name in ADMIN_ORDER:
+        commands[name](admin, common)
+    register_audit(common, group_parser)
     register_client(groups, common, app, group_parser)
     mcp = groups.add_parser(
         "mcp", parents=[common], help="a stdio MCP server for desktop agents, forwarding to /mcp"
@@ -89,6 +118,13 @@ def _bench(args: argparse.Namespace) -> int:
         )
         return 1
     print(json.dumps(result.as_json(), indent=2) if args.json else result.report())
+    return 0
+
+
+def _openapi(args: argparse.Namespace) -> int:
+    from runnerd.api.routes import api_document
+
+    sys.stdout.write(json.dumps(api_document(), indent=2, sort_keys=True) + "\n")
     return 0
 
 

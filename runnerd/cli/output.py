@@ -1,4 +1,5 @@
-"""What the CLI's command modules share: output in human or --json form, settings."""
+"""What the CLI's command modules share: output in human or --json form, settings and
+the store they name."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -18,6 +19,9 @@ from runnerd.config import Settings, load_settings
 from runnerd.errors import InvalidInput
 from runnerd.limits import MAX_JSON_DEPTH
 
+if TYPE_CHECKING:
+    from runnerd.store import Store
+
 __all__ = [
     "egress_lines",
     "line_printer",
@@ -25,6 +29,7 @@ __all__ = [
     "printable",
     "read_input",
     "settings_from_args",
+    "store_from_args",
 ]
 
 
@@ -92,6 +97,13 @@ def read_input(text: str) -> Any:
 
 def settings_from_args(args: argparse.Namespace, **flags: Any) -> Settings:
     return load_settings(config_file=args.config, flags={"data_dir": args.data_dir, **flags})
+
+
+def store_from_args(args: argparse.Namespace) -> Store:
+    """The store the settings name: the data dir's SQLite file, or database_url's."""
+    from runnerd.store import Store
+
+    return Store.open(settings_from_args(args))
 
 
 def egress_lines(figures: list[dict[str, Any]]) -> list[str]:

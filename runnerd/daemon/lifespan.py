@@ -78,7 +78,7 @@ async def lifespan(
         machine=machine,
         limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
         governor=governor,
-        cookies=CookieSigner.from_file(settings.data_dir / "session.key"),
+        signer=CookieSigner.from_file(settings.data_dir / "session.key"),
     )
     mcp.state = app.state.runnerd
     governor.on_tools_changed(mcp.tools_changed)  # installs and switches reach MCP sessions
@@ -132,7 +132,7 @@ def _open_store(settings: Settings) -> tuple[Store, Vault]:
         store = Store.open(settings)
     except StoreUnavailable as error:
         raise SystemExit(f"runnerd: {error}") from None
-    if not store.db.execute("SELECT 1 FROM workspaces LIMIT 1").fetchone():
+    if not store.has_workspace():
         log.warning(
             "no workspace yet in %s: create the first one and its admin with "
             "`runnerd admin bootstrap --data-dir %s --workspace NAME --email YOU`",

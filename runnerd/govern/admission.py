@@ -1,5 +1,6 @@
 """Whether a call may start: the person may run tools in the workspace, the install's
-month is not spent, and a run slot is free (RunGate)."""
+month is not spent, and a run slot is free (RunGate). And the rule every role check of
+every surface meets (``has_role``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from runnerd.errors import BudgetExhausted, InsufficientRole, RunQueueFull, Stopping
+from runnerd.model import Role
 from runnerd.roles import ROLE_RANK
 from runnerd.run.jail import JailEnd
 from runnerd.store import MembershipRecord, Store
@@ -16,6 +18,8 @@ from runnerd.store import MembershipRecord, Store
 __all__ = [
     "Principal",
     "RunGate",
+    "at_least",
+    "has_role",
     "may_run",
     "require_budget",
     "require_runner",
@@ -30,12 +34,21 @@ class Principal:
     key_id: str | None = None
 
 
+def at_least(role: Role, needed: Role) -> bool:
+    """Whether ``role`` ranks as ``needed`` or above (roles.ROLES, in rank order)."""
+    return ROLE_RANK[role] >= ROLE_RANK[needed]
+
+
+def has_role(member: MembershipRecord | None, role: Role, *, apps: bool = True) -> bool:
+    """Whether a person of this standing (None: not in the workspace) acts there with at
+    least ``role``, and with the Apps module unless ``apps`` is False."""
+    return member is not None and at_least(member.role, role) and (member.apps_access or not apps)
+
+
 def may_run(member: MembershipRecord | None) -> bool:
     """Whether a person of this standing may run tools: a member or above, with the Apps
     module."""
-    return (
-        member is not None and ROLE_RANK[member.role] >= ROLE_RANK["member"] and member.apps_access
-    )
+    return has_role(member, "member")
 
 
 async def require_runner(store: Store, workspace_id: str, user_id: str) -> None:
@@ -47,7 +60,7 @@ async def require_runner(store: Store, workspace_id: str, user_id: str) -> None:
 async def require_budget(store: Store, install_id: str) -> None:
     """BudgetExhausted if the install's month is spent (counting reservations)."""
     budget = await store.io(store.budget, install_id)
-    if budget.monthly_ms is not None and (budget.used_ms + budget.reserved_ms >= budget.monthly_ms):
+    if budget.spent:
         raise BudgetExhausted(install_id, budget.resets_at)
 
 

@@ -1,6 +1,11 @@
 """Write calls held for a person's decision: which calls wait, who may decide, deciding
 and expiring. A held call's input lives in memory only (Held); the store keeps the
-approval's row, bound to the request's hash."""
+approval's row, bound to the request's hash.
+
+Deciding is the same on every surface (``Approvals.decide``): expired approvals expire
+first, then the decider must see the approval and may run tools where it was held, the
+confirmation must be of the call held (``CallOf``, when a surface confirms a call), and
+the decider must be the one who may decide it."""
 
 from __future__ import annotations
 
@@ -10,17 +15,20 @@ from typing import Any
 from runnerd.errors import (
     ApprovalNotFound,
     ApprovalNotPending,
+    ApprovalOfAnotherCall,
     ApprovalRequestLost,
     AskerNoLongerAllowed,
+    InsufficientRole,
     NotAnApprover,
 )
 from runnerd.govern.admission import Principal, may_run, require_budget
+from runnerd.govern.idempotency import request_hash
 from runnerd.govern.results import Pending
 from runnerd.model import Surface
 from runnerd.run.pipeline import CheckedInput
 from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord
 
-__all__ = ["APPROVAL_SURFACES", "Approvals", "Held"]
+__all__ = ["APPROVAL_SURFACES", "Approvals", "CallOf", "Held"]
 
 # Surfaces whose write calls wait for a person's approval: chat asks the person, a relay
 # waits under its rules.
@@ -35,6 +43,25 @@ class Held:
     checked: CheckedInput  # checked once, when the call was made
     who: Principal
     workflow_run_id: str | None
+
+
+@dataclass(frozen=True)
+class CallOf:
+    """The call a confirmation says it decides: the install, the tool and the input it
+    was made with. An approval holds exactly one call, bound to its request's hash."""
+
+    install_id: str
+    tool: str
+    value: Any
+
+    def held_by(self, approval: ApprovalRow) -> bool:
+        """Whether ``approval`` was held for this call."""
+        return (
+            approval.install_id == self.install_id
+            and approval.tool == self.tool
+            and approval.input_hash
+            == request_hash(self.install_id, approval.version_id, self.tool, self.value)
+        )
 
 
 @dataclass
@@ -86,16 +113,32 @@ class Approvals:
         return member is not None and (member.approver or member.role == "admin")
 
     async def decide(
-        self, approval_id: str, *, approve: bool, who: Principal
+        self, approval_id: str, *, approve: bool, who: Principal, call: CallOf | None = None
     ) -> tuple[ApprovalRow, Held | None]:
         """Approve or deny a pending approval: the decided row, and when approved the held
-        call it releases (exactly once: the winner of two racing approvals gets it). An
-        approval is approved only while its call can run: its input still held, the
-        month not spent (BudgetExhausted), the asker still allowed to run tools; else
+        call it releases (exactly once: the winner of two racing approvals gets it).
+
+        In this order: approvals past their time expire (one that did is refused as
+        expired, ApprovalNotPending); ApprovalNotFound unless the decider is in the
+        approval's workspace; InsufficientRole unless they may run tools there;
+        ApprovalOfAnotherCall when ``call`` (the call a surface confirms) is not the one
+        held; NotAnApprover unless they may decide it (``may_decide``). An approval is
+        approved only while its call can run: its input still held, the month not spent
+        (BudgetExhausted), the asker still allowed to run tools; else
         ApprovalUnavailable, and it stays pending."""
+        await self.expire()
         approval = await self.store.io(self.store.get_approval, approval_id)
-        if approval is None:
-            raise ApprovalNotFound("no such approval")
+        member = (
+            None
+            if approval is None
+            else await self.store.io(self.store.membership, approval.workspace_id, who.user_id)
+        )
+        if approval is None or member is None:
+            raise ApprovalNotFound
+        if not may_run(member):
+            raise InsufficientRole
+        if call is not None and not call.held_by(approval):
+            raise ApprovalOfAnotherCall("the confirmation does not match this call")
         if not await self.may_decide(approval, who.user_id):
             raise NotAnApprover(
                 "from chat only the person who asked decides; from a relay, an approver",

@@ -1,7 +1,8 @@
 """A call of an installed tool, with everything an organisation needs around the run:
 who may run it, budget admission, approvals for writes, idempotency, secrets, metering,
 and the audit of runs and of refusals. Every surface (the API, the Manage page through
-it, MCP) calls ``Governor.call`` and adds nothing but translation.
+it, MCP) calls ``Governor.call``, and decides approvals with ``Governor.decide``, and
+adds nothing but translation.
 
 HTTP-agnostic: it raises domain errors and returns results; the surfaces map both.
 Inputs, outputs and secret values stay in memory: the store gets hashes, names, ids,
@@ -21,7 +22,7 @@ from typing import Any
 from runnerd.config import Settings
 from runnerd.errors import DatabaseUnavailable, RunnerdError, SandboxUnavailable, ToolNotFound
 from runnerd.govern.admission import Principal, RunGate, require_runner
-from runnerd.govern.approvals import Approvals, Held
+from runnerd.govern.approvals import Approvals, CallOf, Held
 from runnerd.govern.idempotency import IdempotencyKeys, check_key, request_hash
 from runnerd.govern.results import CallResult, Pending, ResultCache
 from runnerd.ids import new_id
@@ -120,6 +121,18 @@ class Governor:
             raise ToolNotFound(f"the installed version has no tool {name!r}")
         return tool
 
+    async def tool_to_call(
+        self, install: InstallRecord, name: str, *, who: Principal, surface: Surface
+    ) -> ToolRecord:
+        """The tool of the install's version that ``surface`` is about to call for
+        ``who`` (what it needs of the tool before ``call``: MCP, the tool's output schema);
+        ToolNotFound, audited as a refusal of that call, when that version has none."""
+        try:
+            return await self.tool(install, name)
+        except RunnerdError as exc:
+            await self._audit_refusal(exc, install, name, who=who, surface=surface)
+            raise
+
     async def secrets_of(self, install_id: str) -> dict[str, str]:
         """The install's secrets, opened: for a run's jail only, never stored or logged."""
         return {
@@ -159,20 +172,33 @@ class Governor:
                 idempotency_key=idempotency_key,
             )
         except RunnerdError as exc:
-            if exc.reason is not None:
-                await self.store.io(
-                    self.store.audit,
-                    "tool.refuse",
-                    workspace_id=install.workspace_id,
-                    actor_user_id=who.user_id,
-                    actor_key_id=who.key_id,
-                    install_id=install.id,
-                    version_id=install.version_id,
-                    tool=tool_name,
-                    surface=surface,
-                    reason=exc.reason,
-                )
+            await self._audit_refusal(exc, install, tool_name, who=who, surface=surface)
             raise
+
+    async def _audit_refusal(
+        self,
+        exc: RunnerdError,
+        install: InstallRecord,
+        tool_name: str,
+        *,
+        who: Principal,
+        surface: Surface,
+    ) -> None:
+        """Audit a refusal of a call (an error with a wire reason) as ``tool.refuse``,
+        with its reason and surface: the same entry whichever surface made the call."""
+        if exc.reason is not None:
+            await self.store.io(
+                self.store.audit,
+                "tool.refuse",
+                workspace_id=install.workspace_id,
+                actor_user_id=who.user_id,
+                actor_key_id=who.key_id,
+                install_id=install.id,
+                version_id=install.version_id,
+                tool=tool_name,
+                surface=surface,
+                reason=exc.reason,
+            )
 
     async def _call(
         self,
@@ -421,10 +447,15 @@ class Governor:
 
     # --- approvals --------------------------------------------------------------------------
 
-    async def decide(self, approval_id: str, *, approve: bool, who: Principal) -> ApprovalRow:
-        """Approve (which releases exactly one run, started now) or deny an approval
-        (Approvals.decide says when it cannot be)."""
-        decided, held = await self.approvals.decide(approval_id, approve=approve, who=who)
+    async def decide(
+        self, approval_id: str, *, approve: bool, who: Principal, call: CallOf | None = None
+    ) -> ApprovalRow:
+        """Approve (which releases exactly one run, started now) or deny an approval, on
+        every surface: expiry, who may see and decide it, and whether it is of ``call``
+        (the call a surface confirms) are Approvals.decide's, as is when it cannot be."""
+        decided, held = await self.approvals.decide(
+            approval_id, approve=approve, who=who, call=call
+        )
         if held is None:
             return decided
         install = await self.store.io(self.store.get_install, decided.install_id)

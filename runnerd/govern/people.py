@@ -1,22 +1,34 @@
-"""The rules of people and keys, on every surface: a person is known by their email
-address, added at first mention; a personal key or token of a workspace is made for a
-person of that workspace; a token carries known scopes, at least one."""
+"""The rules of people and keys, on every surface (the API and the CLI's admin commands):
+a person is known by their email address (spaces around it dropped), added at first
+mention; a personal key or token is made for a person of the workspace it is made in, or
+with no workspace named (the CLI, whose keys act in every workspace of their person), for
+a person of one at least; a token carries known scopes, at least one. A workspace begins
+with an admin who holds a personal key (bootstrap)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from runnerd.errors import InvalidScopes, NotAMember
 from runnerd.model import Role
 from runnerd.roles import SCOPES
 from runnerd.store import Store
 
-__all__ = ["add_member", "key_holder", "token_scopes"]
+__all__ = ["Bootstrapped", "add_member", "bootstrap", "key_holder", "token_scopes"]
 
 
 def add_member(
-    store: Store, workspace_id: str, email: str, *, role: Role, apps_access: bool, approver: bool
+    store: Store,
+    workspace_id: str,
+    email: str,
+    *,
+    role: Role | None = None,
+    apps_access: bool | None = None,
+    approver: bool | None = None,
 ) -> dict[str, object]:
     """Put the person of ``email`` (known from now on, if new) in the workspace with this
-    role, Apps access and approver flag; their row among the workspace's ``members``."""
+    role, Apps access and approver flag; their row among the workspace's ``members``. A
+    flag left None keeps what they have (a newcomer: member, no Apps access, no approver)."""
     user = store.ensure_user(email.strip())
     store.set_membership(
         workspace_id, user.id, role=role, apps_access=apps_access, approver=approver
@@ -24,9 +36,15 @@ def add_member(
     return next(r for r in store.members(workspace_id) if r["user_id"] == user.id)
 
 
-def key_holder(store: Store, workspace_id: str, email: str) -> str:
-    """The person a personal key or token made in ``workspace_id`` is for: the member
-    whose email is ``email`` (in any case); NotAMember if no member's is."""
+def key_holder(store: Store, workspace_id: str | None, email: str) -> str:
+    """The person a personal key or token is for: the member of ``workspace_id`` whose
+    email is ``email`` (in any case), or, with no workspace, a person of that email who
+    is a member of one at least; NotAMember if there is none. Nobody is added."""
+    if workspace_id is None:
+        user = store.find_user(email)
+        if user is None or not store.workspaces_of(user.id):
+            raise NotAMember(email, "any workspace")
+        return user.id
     member = next(
         (m for m in store.members(workspace_id) if m["email"].lower() == email.lower()), None
     )
@@ -41,3 +59,23 @@ def token_scopes(scopes: list[str]) -> tuple[str, ...]:
     if not scopes or not set(scopes) <= set(SCOPES):
         raise InvalidScopes(SCOPES)
     return tuple(scopes)
+
+
+class Bootstrapped(NamedTuple):
+    workspace_id: str
+    user_id: str  # the workspace's admin
+    api_key: str  # their personal key's plaintext, shown once
+
+
+def bootstrap(store: Store, name: str, email: str) -> Bootstrapped:
+    """A new workspace ``name`` with the person of ``email`` as its admin (Apps access
+    on) and a personal key of theirs named bootstrap, filed under the workspace: what
+    ``runnerd admin bootstrap`` and ``service install --bootstrap-email`` make. The key's
+    plaintext is only in the answer."""
+    workspace = store.create_workspace(name)
+    admin = add_member(store, workspace.id, email, role="admin", apps_access=True)
+    user_id = str(admin["user_id"])
+    _, key = store.create_key(
+        kind="personal", user_id=user_id, name="bootstrap", audit_workspace_id=workspace.id
+    )
+    return Bootstrapped(workspace.id, user_id, key)

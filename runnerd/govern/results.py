@@ -1,5 +1,6 @@
 """What a governed call answers: the result of a run that started (CallResult) or a call
-held for approval (Pending), and finished results kept in memory for a while."""
+held for approval (Pending), finished results kept in memory for a while, and who may
+see a result's output (``may_see_output``, the rule of every surface)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any
 
 import msgspec
 
-from runnerd.model import RunStatus
+from runnerd.model import Role, RunStatus
 
-__all__ = ["CallResult", "Pending", "ResultCache"]
+__all__ = ["CallResult", "Pending", "ResultCache", "may_see_output"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,16 @@ class Pending:
 
     approval_id: str
     expires_at: str
+
+
+def may_see_output(
+    user_id: str, *, role: Role | None, ran_for: str, released_by: str | None
+) -> bool:
+    """Whether ``user_id`` (of ``role`` in the run's workspace, None when not a member)
+    may see a run's output and error: they are the asker's, so the person it ran for,
+    the approver whose decision released it, and admins; anyone else of the workspace
+    sees its status only. GET /api/v2/runs/{id} and MCP's ``runnerd.approval`` ask here."""
+    return user_id in (ran_for, released_by) or role == "admin"
 
 
 class ResultCache:

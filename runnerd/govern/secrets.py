@@ -8,11 +8,12 @@ from __future__ import annotations
 import re
 
 from runnerd.errors import InvalidSecretName, InvalidSecretValue
-from runnerd.limits import MAX_SECRET_BYTES, MIN_SCRUB_CHARS
+from runnerd.limits import MAX_SECRET_BYTES, MAX_SECRET_NAME_CHARS, MIN_SCRUB_CHARS
 
 __all__ = ["SECRET_NAME", "check_secret_name", "check_secret_value"]
 
-SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
+# An environment variable name of at most MAX_SECRET_NAME_CHARS, in capitals.
+SECRET_NAME = re.compile(rf"[A-Z_][A-Z0-9_]{{0,{MAX_SECRET_NAME_CHARS - 1}}}")
 RESERVED_NAMES = frozenset({"PATH", "HOME", "LANG", "PWD", "SHELL", "USER", "TMPDIR"})
 RESERVED_PREFIXES = ("RUNNERD_", "LD_", "PYTHON", "NODE_", "NSJAIL")
 

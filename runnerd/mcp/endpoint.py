@@ -3,9 +3,9 @@
 The SDK and its protocol types are most of the daemon's memory and start-up time (about
 30 MB of RSS and 0.4 s of imports here), and many installs never speak MCP. The SDK is
 imported in a thread, so the event loop keeps answering meanwhile; its session manager
-runs in a task of the daemon's lifespan (``serve``), which it must enter and leave.
+runs in a task of the daemon's lifespan (daemon/lifespan.py), which it must enter and leave.
 
-Before the SDK sees a request, its body is checked as the API's are (api/ops.py): a
+Before the SDK sees a request, its body is checked as the API's are (api/reading.py): a
 POST is JSON-RPC, so ``application/json``, bounded, at most MAX_JSON_DEPTH levels around
 a tool's input, and no key twice in one object; a DELETE sends no body. The body read
 for that is handed on to the SDK as it came.
@@ -117,9 +117,9 @@ class McpEndpoint:
             return
         assert self._gateway is not None
         try:
+            assert self.state is not None, "the daemon's lifespan sets the state first"
             module = await asyncio.to_thread(importlib.import_module, "runnerd.mcp.gateway")
-            gateway: McpGateway = module.McpGateway()
-            gateway.state = self.state
+            gateway: McpGateway = module.McpGateway(self.state)
         except Exception as exc:
             self._gateway.set_exception(exc)
             return

@@ -1,2 +1,2 @@
-"""One run of a tool, without governance: the runner, the jail, package environments,
+"""One run of a tool, without governance: the pipeline, the jail, package environments,
 runtimes, cgroups and secret scrubbing."""

@@ -1,4 +1,4 @@
-"""Assembles the run machinery from Settings: runtimes, cgroups, jail, caches, runner.
+"""Assembles the run machinery from Settings: runtimes, cgroups, jail, caches, pipeline.
 
 Built once by the CLI (``tool test``) or the daemon's lifespan, then passed down.
 """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from runnerd.errors import VersionExists
@@ -22,16 +23,23 @@ class AppsStore(AuditStore):
         workspace_id: str | None = None,
         user_id: str | None = None,
         key_id: str | None = None,
+        check_app: Callable[[AppRecord], object] | None = None,
     ) -> VersionRecord:
-        """Store ``bundle`` as a new immutable version of its app (created on first upload).
+        """Store ``bundle`` as a new immutable version of its app (created on first upload,
+        owned by ``workspace_id``).
 
         The version string is the manifest's, else the next number in order. Raises
         VersionExists when the app already has that version string; then nothing changes.
-        """
+        ``check_app``: called in the same transaction with the app, when it exists
+        already (the rule of who may add to it: govern/apps.py); what it raises refuses
+        the version, and nothing changes either. The app it sees is the one the version
+        is added to: no other deploy comes between."""
         manifest = bundle.manifest
         now = utc_now()
         with self._write():
             app = self._app_row(manifest.slug)
+            if app is not None and check_app is not None:
+                check_app(_app_record(app))
             if app is None:
                 app = {
                     "id": new_id("app"),

@@ -30,15 +30,23 @@ class PeopleStore(AuditStore):
         rows = list(self.db.query("SELECT * FROM workspaces WHERE id = ?", [workspace_id]))
         return WorkspaceRecord(**rows[0]) if rows else None
 
+    def has_workspace(self) -> bool:
+        """Whether the store holds a workspace (one bootstrapped already)."""
+        return self.db.execute("SELECT 1 FROM workspaces LIMIT 1").fetchone() is not None
+
+    def find_user(self, email: str) -> UserRecord | None:
+        """The user with this email (in any case), or None."""
+        rows = list(self.db.query("SELECT * FROM users WHERE lower(email) = lower(?)", [email]))
+        return UserRecord(**rows[0]) if rows else None
+
     def ensure_user(self, email: str, name: str | None = None) -> UserRecord:
         """The user with this email, created if new."""
         with self._write():
-            rows = list(self.db.query("SELECT * FROM users WHERE lower(email) = lower(?)", [email]))
-            if not rows:
-                record = UserRecord(id=new_id("usr"), email=email, name=name, created_at=utc_now())
-                self.db.insert("users", msgspec.structs.asdict(record))
-                return record
-        return UserRecord(**rows[0])
+            found = self.find_user(email)
+            if found is None:
+                found = UserRecord(id=new_id("usr"), email=email, name=name, created_at=utc_now())
+                self.db.insert("users", msgspec.structs.asdict(found))
+        return found
 
     def get_user(self, user_id: str) -> UserRecord | None:
         rows = list(self.db.query("SELECT * FROM users WHERE id = ?", [user_id]))

@@ -42,6 +42,12 @@ class BudgetStatus(msgspec.Struct, frozen=True):
     reserved_ms: int
     resets_at: str
 
+    @property
+    def spent(self) -> bool:
+        """Whether the month admits no more runs: what ran and what admitted runs have
+        reserved reach the budget (an unlimited one is never spent)."""
+        return self.monthly_ms is not None and self.used_ms + self.reserved_ms >= self.monthly_ms
+
 
 class RunRow(msgspec.Struct, frozen=True):
     id: str
@@ -171,9 +177,7 @@ class RunsStore(AuditStore):
         month = month_of(now)
         with self._write():
             status = self.budget(install.id, month)
-            if status.monthly_ms is not None and (
-                status.used_ms + status.reserved_ms >= status.monthly_ms
-            ):
+            if status.spent:
                 raise BudgetExhausted(install.id, status.resets_at)
             self._usage(install.id, month, 0, timeout_ms)
             self.db.execute(
@@ -224,7 +228,7 @@ class RunsStore(AuditStore):
         """End a run: its row, its ledger row, its audit entry and its budget settlement,
         in one transaction. Ending a run twice changes nothing the second time.
         ``egress``: what it reached through the proxy, per destination (figures, never
-        payloads; scrubbed by the runner), kept in the run's row for its history.
+        payloads; scrubbed by the pipeline), kept in the run's row for its history.
         ``egress_audit``: what the audit entry keeps of it (counts per grant entry and per
         refusal reason, EgressPass.summary): never a destination the tool named."""
         with self._write():

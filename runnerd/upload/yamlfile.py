@@ -6,7 +6,7 @@ them). Three things of YAML are refused, each as a MarkedYAMLError with its line
 - anchors and aliases (``&a``/``*a``, and ``<<`` merges, which need them): nine aliases
   of nine aliases... expand a 500-byte file into gigabytes. Tool files have no use for
   them.
-- nesting deeper than constants.MAX_JSON_DEPTH, in flow style (``[[[…``) refused by the
+- nesting deeper than limits.MAX_JSON_DEPTH, in flow style (``[[[…``) refused by the
   scanner as it meets the bracket (its cost grows with the square of the flow depth),
   in block style by the composer (which recurses once per level).
 - the size limits are checked on the raw bytes before any of this (bundle.py, tool_file.py).

@@ -27,7 +27,7 @@ def test_work_given_during_a_request_runs_once_its_answer_is_sent() -> None:
 
     async def endpoint(request: Request) -> PlainTextResponse:
         after_answer(lambda: events.append("work"))
-        # A task the request started (the run engine's own) hands work over the same way.
+        # A task the request started (the pipeline's own) hands work over the same way.
         await asyncio.ensure_future(_later(events))
         return PlainTextResponse("ok")
 
