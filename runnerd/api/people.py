@@ -1,10 +1,6 @@
-"""Sign-in for the Manage page, and the people and keys of a workspace.
-
-Sessions: ``POST /api/v2/session`` signs in with a personal API key or a one-time
-sign-in link (``runnerd admin login-link``) and sets the session cookie; the session
-acts as its person under the API's own rules (api/auth.py). People and keys: admins of
-a workspace add people, change their role and Apps access, and create and revoke keys
-(a new key's plaintext is in the answer once, never again).
+"""The people and keys of a workspace: its admins add people, change their role and Apps
+access, and create and revoke keys (a new key's plaintext is in the answer once, never
+again).
 """
 
 from __future__ import annotations
@@ -15,7 +11,6 @@ from starlette.responses import Response
 
 from runnerd.api.auth import Caller, caller_of
 from runnerd.api.bodies import (
-    AuditVerdict,
     KeyInfo,
     KeyList,
     MemberBody,
@@ -24,113 +19,15 @@ from runnerd.api.bodies import (
     NewKey,
     NewKeyBody,
     Revoked,
-    SessionInfo,
-    SignedOut,
-    SignInBody,
-    WorkspaceRole,
 )
 from runnerd.api.ops import Op, Param, json_response
 from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
-from runnerd.errors import (
-    InvalidApiKey,
-    InvalidSignIn,
-    KeyNotFound,
-    MemberNotFound,
-    PersonalKeyRequired,
-    Unauthenticated,
-    WorkspaceKeyNotAllowed,
-    WorkspaceNotFound,
-)
+from runnerd.errors import KeyNotFound, MemberNotFound, WorkspaceNotFound
 from runnerd.govern.people import add_member, key_holder, token_scopes
 from runnerd.limits import MAX_ID_CHARS, MAX_SMALL_BODY_BYTES
-from runnerd.store import Store
 
 __all__ = ["OPS"]
-
-
-async def _session_info(
-    store: Store, user_id: str, csrf: str | None, expires_at: str | None
-) -> Response:
-    user = await store.io(store.get_user, user_id)
-    assert user is not None
-    workspaces = [
-        WorkspaceRole(
-            workspace_id=w["id"],
-            name=w["name"],
-            role=w["role"],
-            apps_access=bool(w["apps_access"]),
-            approver=bool(w["approver"]),
-        )
-        for w in await store.io(store.workspaces_of, user_id)
-    ]
-    return json_response(
-        SessionInfo(
-            user_id=user_id,
-            email=user.email,
-            csrf_token=csrf,
-            expires_at=expires_at,
-            workspaces=workspaces,
-        )
-    )
-
-
-async def sign_in(request: Request, state: AppState) -> Response:
-    body = await read_body(request, SignInBody, MAX_SMALL_BODY_BYTES)
-    store = state.store
-    if (body.api_key is None) == (body.login_token is None):
-        raise InvalidSignIn
-    if body.api_key is not None:
-        key = await store.io(store.find_key, body.api_key.strip())
-        if key is None:
-            raise InvalidApiKey
-        if key.kind != "personal" or key.user_id is None:
-            refused = WorkspaceKeyNotAllowed if key.kind == "workspace" else PersonalKeyRequired
-            raise refused(
-                "sign in with a personal API key: a workspace key acts for no person, and a "
-                "scoped token must not become a session with more rights than its scopes"
-            )
-        user_id, via, key_id = key.user_id, "api_key", key.id
-    else:
-        assert body.login_token is not None
-        found = await store.io(store.use_login_link, body.login_token)
-        if found is None:
-            raise Unauthenticated(
-                "This sign-in link was used already or has expired; ask for a new one"
-            )
-        user_id, via, key_id = found, "login_link", None
-    ttl_s = state.settings.session_hours * 3600
-    session, secret = await store.io(
-        store.create_session, user_id, ttl_s=ttl_s, via=via, key_id=key_id
-    )
-    response = await _session_info(store, user_id, session.csrf, session.expires_at)
-    state.signer.set(response, request, secret, ttl_s)
-    return response
-
-
-async def get_session(request: Request, state: AppState) -> Response:
-    caller = await caller_of(request, state, "api:read")
-    user_id = caller.need_person()
-    session = caller.session
-    return await _session_info(
-        state.store,
-        user_id,
-        session.csrf if session else None,
-        session.expires_at if session else None,
-    )
-
-
-async def sign_out(request: Request, state: AppState) -> Response:
-    caller = await caller_of(request, state, "api:read")
-    secret = state.signer.secret_of(request)
-    if caller.session is not None and secret is not None:
-        await state.store.io(state.store.end_session, secret)
-    response = json_response(SignedOut(signed_out=True))
-    state.signer.clear(response, request)
-    return response
-
-
-# --- people -----------------------------------------------------------------------------------
 
 
 async def _admin(request: Request, state: AppState, scope: str) -> tuple[Caller, str]:
@@ -188,9 +85,6 @@ async def remove_member(request: Request, state: AppState) -> Response:
     if not removed:
         raise MemberNotFound
     return await list_members(request, state)
-
-
-# --- keys -------------------------------------------------------------------------------------
 
 
 def _key_info(row: dict[str, object]) -> KeyInfo:
@@ -257,53 +151,12 @@ async def revoke_key(request: Request, state: AppState) -> Response:
     return json_response(Revoked(key_id=key_id, revoked=True))
 
 
-async def verify_audit(request: Request, state: AppState) -> Response:
-    caller = await caller_of(request, state, "api:read")
-    caller.need_person()
-    workspace_id = request.query_params.get("workspaceId", "")
-    await caller.member(state.store, workspace_id, role="admin", apps=False)
-    found = await state.store.io(state.store.audit_verdict)
-    return json_response(
-        AuditVerdict(
-            ok=found.first_break is None,
-            entries=found.entries,
-            first_break=found.first_break,
-            problem=found.problem,
-            head_seq=found.head_seq,
-            head_hash=found.head_hash,
-        )
-    )
-
-
 _WORKSPACE_PATH = Param(
     "workspaceId", "The workspace.", required=True, max_length=MAX_ID_CHARS, where="path"
 )
 
+
 OPS = [
-    Op(
-        "POST",
-        "/api/v2/session",
-        "signIn",
-        "Sign in to the Manage page",
-        sign_in,
-        SessionInfo,
-        body=SignInBody,
-        authenticated=False,
-        description="With a personal API key (apiKey) or a one-time sign-in link's token "
-        "(loginToken, from runnerd admin login-link; good once, for 10 minutes). Sets the "
-        "session cookie (HttpOnly, SameSite=Strict, Secure over TLS); the answer's "
-        "csrfToken must accompany every request of the session that changes state "
-        "(X-CSRF-Token). Workspace keys and scoped tokens are refused.",
-    ),
-    Op(
-        "GET",
-        "/api/v2/session",
-        "getSession",
-        "Who is signed in, and where",
-        get_session,
-        SessionInfo,
-    ),
-    Op("DELETE", "/api/v2/session", "signOut", "Sign out (ends the session)", sign_out, SignedOut),
     Op(
         "GET",
         "/api/v2/workspaces/{workspaceId}/members",
@@ -369,14 +222,5 @@ OPS = [
             _WORKSPACE_PATH,
             Param("keyId", "The key.", required=True, max_length=MAX_ID_CHARS, where="path"),
         ),
-    ),
-    Op(
-        "POST",
-        "/api/v2/audit/verify",
-        "verifyAudit",
-        "Verify the audit trail's hash chain (admins)",
-        verify_audit,
-        AuditVerdict,
-        params=(Param("workspaceId", "The workspace.", required=True, max_length=MAX_ID_CHARS),),
     ),
 ]

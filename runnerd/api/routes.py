@@ -10,10 +10,15 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from runnerd.api import approvals as approvals_ops
 from runnerd.api import apps as apps_ops
-from runnerd.api import governance as governance_ops
+from runnerd.api import budgets as budgets_ops
 from runnerd.api import health as health_ops
+from runnerd.api import ledger as ledger_ops
 from runnerd.api import people as people_ops
+from runnerd.api import runs as runs_ops
+from runnerd.api import secrets as secrets_ops
+from runnerd.api import signin as signin_ops
 from runnerd.api import tools as tools_ops
 from runnerd.api.openapi import openapi_document
 from runnerd.api.ops import Op, json_response
@@ -29,7 +34,12 @@ async def openapi(request: Request, state: AppState) -> Response:
 OPS: list[Op] = [
     *tools_ops.OPS,
     *apps_ops.OPS,
-    *governance_ops.OPS,
+    *secrets_ops.OPS,
+    *budgets_ops.OPS,
+    *runs_ops.OPS,
+    *ledger_ops.OPS,
+    *approvals_ops.OPS,
+    *signin_ops.OPS,
     *people_ops.OPS,
     *health_ops.OPS,
     Op(

@@ -16,7 +16,7 @@ __all__ = ["register_audit"]
 
 
 def cmd_ledger_export(args: argparse.Namespace) -> int:
-    from runnerd.api.governance import ledger_csv, ledger_month
+    from runnerd.api.ledger import ledger_csv, ledger_month
 
     try:
         month = ledger_month(args.month)

@@ -1,0 +1,87 @@
+"""Approvals of write calls: a workspace's list, and approving or denying one (the
+governor decides, with its expiry and who may see and decide it; this translates)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runnerd.api.auth import caller_of
+from runnerd.api.bodies import ApprovalInfo, ApprovalList, wire_view
+from runnerd.api.ops import WORKSPACE, Op, Param, json_response, query_param
+from runnerd.api.state import AppState
+from runnerd.limits import MAX_ID_CHARS
+from runnerd.store import ApprovalRow
+
+__all__ = ["OPS"]
+
+
+def _approval_info(a: ApprovalRow) -> ApprovalInfo:
+    return wire_view(ApprovalInfo, a, id="approval_id")
+
+
+async def list_approvals(request: Request, state: AppState) -> Response:
+    workspace_id = query_param(request, WORKSPACE)
+    assert workspace_id is not None
+    caller = await caller_of(request, state, "api:read")
+    caller.need_person()
+    await caller.member(state.store, workspace_id, role="member")
+    await state.governor.approvals.expire()
+    status = request.query_params.get("status")
+    rows = await state.store.io(state.store.list_approvals, workspace_id, status)
+    return json_response(ApprovalList(data=[_approval_info(a) for a in rows]))
+
+
+async def _decide(request: Request, state: AppState, approve: bool) -> Response:
+    """The governor decides (expiry, who may see and decide it); this translates."""
+    caller = await caller_of(request, state, "tools:run")
+    decided = await state.governor.decide(
+        str(request.path_params["approvalId"]), approve=approve, who=caller.principal()
+    )
+    return json_response(_approval_info(decided))
+
+
+async def approve(request: Request, state: AppState) -> Response:
+    return await _decide(request, state, True)
+
+
+async def deny(request: Request, state: AppState) -> Response:
+    return await _decide(request, state, False)
+
+
+_APPROVAL = Param(
+    "approvalId", "The approval.", required=True, max_length=MAX_ID_CHARS, where="path"
+)
+
+
+OPS = [
+    Op(
+        "GET",
+        "/api/v2/approvals",
+        "listApprovals",
+        "Approvals of write calls",
+        list_approvals,
+        ApprovalList,
+        params=(WORKSPACE, Param("status", "pending, approved, denied, expired", max_length=16)),
+    ),
+    Op(
+        "POST",
+        "/api/v2/approvals/{approvalId}/approve",
+        "approve",
+        "Approve a write call: releases exactly one run",
+        approve,
+        ApprovalInfo,
+        params=(_APPROVAL,),
+        errors=(400, 401, 403, 404, 409, 429, 500),
+    ),
+    Op(
+        "POST",
+        "/api/v2/approvals/{approvalId}/deny",
+        "deny",
+        "Deny a write call",
+        deny,
+        ApprovalInfo,
+        params=(_APPROVAL,),
+        errors=(400, 401, 403, 404, 409, 429, 500),
+    ),
+]
