@@ -545,6 +545,31 @@ class NotAMember(RunnerdError):
         super().__init__(f"{email} is not a person of {where}: add them first")
 
 
+class InvalidEmail(RunnerdError):
+    """A person named by something that is not an email address (the API's member body
+    refuses the same with INVALID_BODY before this rule is reached)."""
+
+    reason, status = "INVALID_EMAIL", 400
+
+    def __init__(self, max_chars: int) -> None:
+        super().__init__(f"an email address is name@domain, at most {max_chars} characters")
+
+
+class KeysBeyondYourWorkspaces(RunnerdError):
+    """A personal key or token made or revoked for someone who also belongs to a workspace
+    where the admin asking is not an admin: their keys act there too."""
+
+    reason, status = "KEYS_BEYOND_YOUR_WORKSPACES", 403
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this person also belongs to a workspace you are not an admin of, where their "
+            "personal keys act too: only they, or an admin of each of their workspaces, may "
+            "make or revoke their keys (to end their access here, remove them from this "
+            "workspace)"
+        )
+
+
 class InvalidScopes(RunnerdError):
     """A token asked for with no scopes, or unknown ones."""
 

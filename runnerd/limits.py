@@ -101,6 +101,8 @@ MIN_FOLDED_CHARS: Final = 8
 
 # --- Request bodies and sign-in on the HTTP API ---------------------------------------------
 
+# RFC 5321 (a path is at most 256 octets with its angle brackets): an email address.
+MAX_EMAIL_CHARS: Final = 254
 # runnerd: an id runnerd gives out (ids.new_id: a prefix, "_" and 26 characters) or a name
 # it gives (an audit action), as a path or query parameter; longer is no id of runnerd's.
 MAX_ID_CHARS: Final = 64

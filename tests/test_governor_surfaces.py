@@ -187,6 +187,7 @@ def test_an_expired_approval_confirmed_over_mcp_is_refused_as_expired_as_over_th
     API, and confirmed over MCP (2026-07-28: the confirmation comes back in the retry,
     after the approval's time), the same refusal, expired, and nothing runs."""
     key = keys["member"]
+    before = _last_seq(daemon)
     held = daemon.run(installs["desk"], "book", {"amount": 2}, key, surface="chat")
     assert held.status_code == 202, held.text
     time.sleep(TTL_S + 0.3)
@@ -211,6 +212,13 @@ def test_an_expired_approval_confirmed_over_mcp_is_refused_as_expired_as_over_th
         params={"tool": "book"},
     )  # fmt: skip
     assert runs.json()["data"] == []
+    # Both refused decisions are in the trail, as refusals of the held call.
+    refused = [e for e in _refusals(daemon, before) if e["reason"] == "APPROVAL_NOT_PENDING"]
+    assert len(refused) == 2, refused
+    assert {e["detail"]["approvalId"] for e in refused} >= {held.json()["approvalId"]}
+    assert {(e["tool"], e["surface"], e["actorUserId"]) for e in refused} == {
+        ("book", "chat", refused[0]["actorUserId"])
+    }
 
 
 def test_a_run_by_reference_is_refused_and_audited_as_a_run_of_the_install(
@@ -262,9 +270,24 @@ def test_tool_test_refuses_the_secrets_the_daemon_refuses_for_the_same_reason(
     (tmp_path / "quote.py").write_text(QUOTE)
     proc = run_cli("tool", "test", str(tool), "--input", '{"amount": 1}', "--secret", secret)
     assert proc.returncode != 0
-    assert f"--secret {name}: refused ({reason}): {said}" in proc.stderr
+    shown = name if name.isupper() else "#1"  # a name that is no name is not repeated
+    assert f"--secret {shown}: refused ({reason}): {said}" in proc.stderr
     assert value not in proc.stderr  # a secret's value is never repeated back
     assert proc.stdout == ""  # nothing ran
+
+
+def test_tool_test_never_repeats_a_secret_given_with_the_wrong_separator(
+    tmp_path: Path,
+) -> None:
+    tool = tmp_path / "quote.tool.yaml"
+    tool.write_text(tool_doc("quote", input=AMOUNT))
+    (tmp_path / "quote.py").write_text(QUOTE)
+    value = "Zq9xSecretValue-4711"
+    for mistyped in (f"API_TOKEN:{value}", f"API_TOKEN {value}", f"API TOKEN={value}"):
+        proc = run_cli("tool", "test", str(tool), "--input", '{"amount": 1}', "--secret", mistyped)
+        assert proc.returncode == 2
+        assert "--secret #1: refused (INVALID_SECRET_NAME)" in proc.stderr, proc.stderr
+        assert value not in proc.stderr + proc.stdout
 
 
 def test_tool_test_names_every_refused_secret_at_once(tmp_path: Path) -> None:

@@ -208,6 +208,53 @@ def test_people_and_keys(app_daemon: InProcess) -> None:
     )
 
 
+def test_an_admin_makes_or_revokes_keys_only_of_people_in_no_workspace_beyond_theirs(
+    app_daemon: InProcess,
+) -> None:
+    """A personal key acts in every workspace of its person: the admin of one workspace
+    may not mint one, nor end one, for a person who is also in a workspace where that
+    admin has no say (here: a viewer here who is the admin of another workspace)."""
+    base = f"/api/v2/workspaces/{app_daemon.workspace_id}"
+    store = app_daemon.store()
+    try:
+        other = store.create_workspace("Hers").id
+    finally:
+        store.close()
+    theirs = app_daemon.person("hopper@example.com", role="admin", workspace_id=other)
+    app_daemon.person("hopper@example.com", role="viewer")  # and a viewer here
+    minted = app_daemon.call(
+        "POST", f"{base}/keys", app_daemon.admin_key,
+        json={"kind": "personal", "email": "hopper@example.com"},
+    )  # fmt: skip
+    envelope(minted, 403, "KEYS_BEYOND_YOUR_WORKSPACES")
+    token = app_daemon.call(
+        "POST", f"{base}/keys", app_daemon.admin_key,
+        json={"kind": "token", "email": "hopper@example.com", "scopes": ["tools:run"]},
+    )  # fmt: skip
+    envelope(token, 403, "KEYS_BEYOND_YOUR_WORKSPACES")
+    # Her own key (made in her workspace) acts here too, so it is listed; it is not ours
+    # to end: removing her from this workspace is.
+    listed = app_daemon.call("GET", f"{base}/keys", app_daemon.admin_key).json()["data"]
+    hers = next(k for k in listed if k.get("email") == "hopper@example.com")
+    envelope(
+        app_daemon.call("DELETE", f"{base}/keys/{hers['keyId']}", app_daemon.admin_key),
+        403,
+        "KEYS_BEYOND_YOUR_WORKSPACES",
+    )
+    assert (
+        app_daemon.call("GET", f"/api/v2/workspaces/{other}/members", theirs).status_code == 200
+    )  # her key still works where she is admin
+    # She herself may make her keys anywhere she is a member.
+    own = app_daemon.call(
+        "POST", f"{base}/keys", theirs, json={"kind": "personal", "email": "hopper@example.com"}
+    )
+    envelope(own, 403, "INSUFFICIENT_WORKSPACE_ROLE")  # a viewer here: not an admin
+    mine = app_daemon.call(
+        "POST", f"/api/v2/workspaces/{other}/keys", theirs, json={"kind": "personal"}
+    )
+    assert mine.status_code == 201, mine.text
+
+
 def test_every_answer_carries_the_security_headers(app_daemon: InProcess) -> None:
     for path in ("/", "/static/app.js", "/api/v2/apps/tools?workspaceId=x", "/healthz"):
         headers = app_daemon.fresh("GET", path).headers

@@ -10,9 +10,11 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
+from runnerd.govern.people import EMAIL_PATTERN
 from runnerd.limits import (
     MAX_EGRESS_ENTRIES,
     MAX_EGRESS_ENTRY_CHARS,
+    MAX_EMAIL_CHARS,
     MAX_SLUG_CHARS,
     MAX_VERSION_CHARS,
 )
@@ -374,7 +376,9 @@ class SignedOut(_Wire):
 
 
 class MemberBody(_Wire):
-    email: Annotated[str, msgspec.Meta(min_length=3, max_length=254, pattern=r"^[^@\s]+@[^@\s]+$")]
+    email: Annotated[
+        str, msgspec.Meta(min_length=3, max_length=MAX_EMAIL_CHARS, pattern=EMAIL_PATTERN)
+    ]
     role: Role = "member"
     apps_access: bool = True
     approver: bool = False
@@ -410,7 +414,7 @@ class KeyList(_Wire):
 class NewKeyBody(_Wire):
     kind: Literal["personal", "workspace", "token"]
     name: Annotated[str, msgspec.Meta(max_length=128)] = ""
-    email: Annotated[str, msgspec.Meta(min_length=3, max_length=254)] | None = None
+    email: Annotated[str, msgspec.Meta(min_length=3, max_length=MAX_EMAIL_CHARS)] | None = None
     scopes: list[Literal["api:read", "tools:run", "apps:write"]] = []
 
 

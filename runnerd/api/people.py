@@ -24,7 +24,7 @@ from runnerd.api.ops import Op, Param, json_response
 from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
 from runnerd.errors import KeyNotFound, MemberNotFound, WorkspaceNotFound
-from runnerd.govern.people import add_member, key_holder, token_scopes
+from runnerd.govern.people import add_member, key_holder, may_hold_keys_of, token_scopes
 from runnerd.limits import MAX_ID_CHARS, MAX_SMALL_BODY_BYTES
 
 __all__ = ["OPS"]
@@ -116,6 +116,7 @@ async def create_key(request: Request, state: AppState) -> Response:
         user = await store.io(store.get_user, caller.need_person())
         email = body.email or user.email  # type: ignore[union-attr]
         user_id = await store.io(key_holder, store, workspace_id, email)
+        await store.io(may_hold_keys_of, store, caller.need_person(), user_id)
     scopes = token_scopes(body.scopes) if body.kind == "token" else ()
     record, plaintext = await store.io(
         store.create_key,
@@ -139,8 +140,14 @@ async def revoke_key(request: Request, state: AppState) -> Response:
     caller, workspace_id = await _admin(request, state, "apps:write")
     key_id = str(request.path_params["keyId"])
     store = state.store
-    if not any(r["id"] == key_id for r in await store.io(store.keys_of_workspace, workspace_id)):
+    key = next(
+        (r for r in await store.io(store.keys_of_workspace, workspace_id) if r["id"] == key_id),
+        None,
+    )
+    if key is None:
         raise KeyNotFound
+    if key["kind"] != "workspace":
+        await store.io(may_hold_keys_of, store, caller.need_person(), key["user_id"])
     await store.io(
         store.revoke_key,
         key_id,

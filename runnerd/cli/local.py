@@ -29,7 +29,7 @@ from runnerd.errors import (
     SandboxUnavailable,
     ToolchainError,
 )
-from runnerd.govern.secrets import check_secret_name, check_secret_value
+from runnerd.govern.secrets import SECRET_NAME, check_secret_name, check_secret_value
 from runnerd.limits import MANIFEST_NAME, MIN_NODE_MAJOR, TOOL_SUFFIX
 from runnerd.model import Bundle, Problem, Tool
 from runnerd.run.machine import Machine, build_machine
@@ -154,19 +154,26 @@ def _secrets(pairs: list[str]) -> dict[str, str]:
     """The run's secrets from ``--secret NAME=VALUE`` (or ``NAME``, read from the
     environment), under the daemon's rules for secrets: a name or value it would refuse
     is refused here too (ValueError naming every refused one, a line each, with its
-    reason). No value is ever in a message."""
+    reason). No value is ever in a message: an argument whose name is not a name (a
+    mistyped ``NAME:VALUE``, say) is named by its place, not repeated."""
     found: dict[str, str] = {}
     refused: list[str] = []
-    for pair in pairs:
+    for place, pair in enumerate(pairs, 1):
         name, sep, value = pair.partition("=")
+        shown = name if SECRET_NAME.fullmatch(name) else f"#{place}"
+        try:
+            check_secret_name(name)
+        except InvalidSecretName as exc:
+            refused.append(f"--secret {shown}: refused ({exc.reason}): {exc}")
+            continue
         if not sep:  # --secret NAME: the value comes from this process's environment
             if name not in os.environ:
                 refused.append(f"--secret {name}: no environment variable {name} to read")
                 continue
             value = os.environ[name]
         try:
-            found[check_secret_name(name)] = check_secret_value(value)
-        except (InvalidSecretName, InvalidSecretValue) as exc:
+            found[name] = check_secret_value(value)
+        except InvalidSecretValue as exc:
             refused.append(f"--secret {name}: refused ({exc.reason}): {exc}")
     if refused:
         raise ValueError("\n".join(refused))

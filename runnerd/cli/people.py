@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runnerd.cli.output import output, settings_from_args, store_from_args
-from runnerd.errors import InvalidScopes, NotAMember, RunnerdError
+from runnerd.errors import InvalidEmail, InvalidScopes, NotAMember, RunnerdError
 from runnerd.govern.people import add_member, bootstrap, key_holder, token_scopes
 from runnerd.roles import ROLES, SCOPES
 from runnerd.store import Store
@@ -42,9 +42,13 @@ def _member(args: argparse.Namespace) -> tuple[Store, str, str, dict[str, Any]]:
     the store, the workspace, their email and their membership as the commands print it."""
     store = store_from_args(args)
     ws = _workspace(store, args.workspace)
-    row = add_member(
-        store, ws, args.email, role=args.role, apps_access=args.apps_access, approver=args.approver
-    )
+    try:
+        row = add_member(
+            store, ws, args.email, role=args.role, apps_access=args.apps_access,
+            approver=args.approver,
+        )  # fmt: skip
+    except InvalidEmail as exc:
+        raise SystemExit(f"runnerd: --email: {exc}") from None
     member = {
         "userId": str(row["user_id"]),
         "role": row["role"],

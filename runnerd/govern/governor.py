@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runnerd.config import Settings
-from runnerd.errors import DatabaseUnavailable, RunnerdError, SandboxUnavailable, ToolNotFound
+from runnerd.errors import (
+    ApprovalNotFound,
+    DatabaseUnavailable,
+    RunnerdError,
+    SandboxUnavailable,
+    ToolNotFound,
+)
 from runnerd.govern.admission import Principal, RunGate, require_runner
 from runnerd.govern.approvals import Approvals, CallOf, Held
 from runnerd.govern.idempotency import IdempotencyKeys, check_key, request_hash
@@ -453,29 +459,59 @@ class Governor:
         """Approve (which releases exactly one run, started now) or deny an approval, on
         every surface: expiry, who may see and decide it, and whether it is of ``call``
         (the call a surface confirms) are Approvals.decide's, as is when it cannot be."""
-        decided, held = await self.approvals.decide(
-            approval_id, approve=approve, who=who, call=call
-        )
-        if held is None:
-            return decided
-        install = await self.store.io(self.store.get_install, decided.install_id)
-        assert install is not None
-        tool = await self.tool(install, decided.tool, decided.version_id)
-        run_id = await self._start_run(
-            install,
-            tool,
-            held.who,
-            decided.surface,
-            decided.version_id,
-            held.workflow_run_id,
-            approval_id=approval_id,
-        )
+        try:
+            decided, held = await self.approvals.decide(
+                approval_id, approve=approve, who=who, call=call
+            )
+            if held is None:
+                return decided
+            install = await self.store.io(self.store.get_install, decided.install_id)
+            assert install is not None
+            tool = await self.tool(install, decided.tool, decided.version_id)
+            run_id = await self._start_run(
+                install,
+                tool,
+                held.who,
+                decided.surface,
+                decided.version_id,
+                held.workflow_run_id,
+                approval_id=approval_id,
+            )
+        except RunnerdError as exc:
+            if exc.reason is not None and not isinstance(exc, ApprovalNotFound):
+                await self._audit_decision_refusal(exc, approval_id, who)
+            raise
         task = asyncio.ensure_future(self._approved_run(run_id, install, tool, held, decided))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         found = await self.store.io(self.store.get_approval, approval_id)
         assert found is not None
         return found
+
+    async def _audit_decision_refusal(
+        self, exc: RunnerdError, approval_id: str, who: Principal
+    ) -> None:
+        """Audit a decision refused on an approval the decider may see (the asker or its
+        budget no longer allowed, not an approver, no longer pending…) as ``tool.refuse``
+        of the held call, with the approval's id: every refusal after the install is known
+        is in the trail, whichever surface decided. One the decider may not see (not
+        found) is not: it would file a stranger's probe in another workspace's trail."""
+        approval = await self.store.io(self.store.get_approval, approval_id)
+        if approval is None:
+            return
+        await self.store.io(
+            self.store.audit,
+            "tool.refuse",
+            workspace_id=approval.workspace_id,
+            actor_user_id=who.user_id,
+            actor_key_id=who.key_id,
+            install_id=approval.install_id,
+            version_id=approval.version_id,
+            tool=approval.tool,
+            surface=approval.surface,
+            reason=exc.reason,
+            detail={"approvalId": approval_id},
+        )
 
     async def _approved_run(
         self,

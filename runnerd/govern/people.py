@@ -7,14 +7,27 @@ with an admin who holds a personal key (bootstrap)."""
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
-from runnerd.errors import InvalidScopes, NotAMember
+from runnerd.errors import InvalidEmail, InvalidScopes, KeysBeyondYourWorkspaces, NotAMember
+from runnerd.limits import MAX_EMAIL_CHARS
 from runnerd.model import Role
 from runnerd.roles import SCOPES
 from runnerd.store import Store
 
-__all__ = ["Bootstrapped", "add_member", "bootstrap", "key_holder", "token_scopes"]
+__all__ = [
+    "EMAIL_PATTERN",
+    "Bootstrapped",
+    "add_member",
+    "bootstrap",
+    "key_holder",
+    "may_hold_keys_of",
+    "token_scopes",
+]
+
+# What the API's member body and the CLI take as an email address: name@domain, no space.
+EMAIL_PATTERN = r"^[^@\s]+@[^@\s]+$"
 
 
 def add_member(
@@ -29,7 +42,10 @@ def add_member(
     """Put the person of ``email`` (known from now on, if new) in the workspace with this
     role, Apps access and approver flag; their row among the workspace's ``members``. A
     flag left None keeps what they have (a newcomer: member, no Apps access, no approver)."""
-    user = store.ensure_user(email.strip())
+    email = email.strip()
+    if len(email) > MAX_EMAIL_CHARS or not re.fullmatch(EMAIL_PATTERN, email):
+        raise InvalidEmail(MAX_EMAIL_CHARS)
+    user = store.ensure_user(email)
     store.set_membership(
         workspace_id, user.id, role=role, apps_access=apps_access, approver=approver
     )
@@ -51,6 +67,18 @@ def key_holder(store: Store, workspace_id: str | None, email: str) -> str:
     if member is None:
         raise NotAMember(email)
     return str(member["user_id"])
+
+
+def may_hold_keys_of(store: Store, admin_user_id: str, holder_user_id: str | None) -> None:
+    """Whether an admin may make or revoke the personal keys and tokens of a person: their
+    own, or a person all of whose workspaces the admin is an admin of (a personal key acts
+    in every workspace of its person, so an admin of one must not mint a key, or end one,
+    that acts where they have no say). KeysBeyondYourWorkspaces otherwise."""
+    if holder_user_id is None or holder_user_id == admin_user_id:
+        return
+    mine = {w["id"] for w in store.workspaces_of(admin_user_id) if w["role"] == "admin"}
+    if not {w["id"] for w in store.workspaces_of(holder_user_id)} <= mine:
+        raise KeysBeyondYourWorkspaces
 
 
 def token_scopes(scopes: list[str]) -> tuple[str, ...]:
