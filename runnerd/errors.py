@@ -545,6 +545,16 @@ class NotAMember(RunnerdError):
         super().__init__(f"{email} is not a person of {where}: add them first")
 
 
+class LastAdmin(RunnerdError):
+    """The workspace's only admin demoted or taken out: nobody could manage it any more
+    (only the host's CLI could mend it)."""
+
+    reason, status = "LAST_ADMIN", 409
+
+    def __init__(self) -> None:
+        super().__init__("this is the workspace's only admin: make another person an admin first")
+
+
 class InvalidEmail(RunnerdError):
     """A person named by something that is not an email address (the API's member body
     refuses the same with INVALID_BODY before this rule is reached)."""

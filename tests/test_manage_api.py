@@ -255,6 +255,45 @@ def test_an_admin_makes_or_revokes_keys_only_of_people_in_no_workspace_beyond_th
     assert mine.status_code == 201, mine.text
 
 
+def test_the_only_admin_is_never_demoted_nor_taken_out(app_daemon: InProcess) -> None:
+    """Over the API and the host's CLI alike: with one admin, making them a builder, or
+    taking them out, is 409 LAST_ADMIN and changes nothing; with a second admin, it works."""
+    store = app_daemon.store()
+    try:
+        alone = store.create_workspace("Alone").id
+    finally:
+        store.close()
+    solo = app_daemon.person("solo@example.com", role="admin", workspace_id=alone)
+    base = f"/api/v2/workspaces/{alone}"
+    members = app_daemon.call("GET", f"{base}/members", solo).json()["data"]
+    [me] = [m["userId"] for m in members]
+    demoted = app_daemon.call(
+        "PUT", f"{base}/members", solo, json={"email": "solo@example.com", "role": "builder"}
+    )
+    envelope(demoted, 409, "LAST_ADMIN")
+    envelope(app_daemon.call("DELETE", f"{base}/members/{me}", solo), 409, "LAST_ADMIN")
+    cli = run_cli(
+        "admin", "set-role", "--workspace", alone, "--email", "solo@example.com",
+        "--role", "viewer", "--data-dir", str(app_daemon.data_dir),
+        env={"RUNNERD_DATABASE_URL": app_daemon.env.get("RUNNERD_DATABASE_URL", "")},
+    )  # fmt: skip
+    assert cli.returncode == 1 and "only admin" in cli.stderr, cli.stderr
+    roles = {
+        m["email"]: m["role"]
+        for m in app_daemon.call("GET", f"{base}/members", solo).json()["data"]
+    }
+    assert roles == {"solo@example.com": "admin"}
+
+    added = app_daemon.call(
+        "PUT", f"{base}/members", solo, json={"email": "duo@example.com", "role": "admin"}
+    )
+    assert added.status_code == 200, added.text
+    stepped_down = app_daemon.call(
+        "PUT", f"{base}/members", solo, json={"email": "solo@example.com", "role": "builder"}
+    )
+    assert stepped_down.status_code == 200, stepped_down.text
+
+
 def test_every_answer_carries_the_security_headers(app_daemon: InProcess) -> None:
     for path in ("/", "/static/app.js", "/api/v2/apps/tools?workspaceId=x", "/healthz"):
         headers = app_daemon.fresh("GET", path).headers

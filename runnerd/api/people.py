@@ -182,6 +182,8 @@ OPS = [
         MemberInfo,
         body=MemberBody,
         params=(_WORKSPACE_PATH,),
+        errors=(400, 401, 403, 404, 409, 429, 500),
+        description="409 LAST_ADMIN when it would leave the workspace without an admin.",
     ),
     Op(
         "DELETE",
@@ -196,7 +198,8 @@ OPS = [
         ),
         description="From this request on, nothing of theirs acts in the workspace: their "
         "Manage-page sessions and MCP sessions lose it at once. Their keys stay, for the "
-        "other workspaces they belong to.",
+        "other workspaces they belong to. 409 LAST_ADMIN for the workspace's only admin.",
+        errors=(400, 401, 403, 404, 409, 429, 500),
     ),
     Op(
         "GET",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runnerd.cli.output import output, settings_from_args, store_from_args
-from runnerd.errors import InvalidEmail, InvalidScopes, NotAMember, RunnerdError
+from runnerd.errors import InvalidEmail, InvalidScopes, LastAdmin, NotAMember, RunnerdError
 from runnerd.govern.people import add_member, bootstrap, key_holder, token_scopes
 from runnerd.roles import ROLES, SCOPES
 from runnerd.store import Store
@@ -49,6 +49,8 @@ def _member(args: argparse.Namespace) -> tuple[Store, str, str, dict[str, Any]]:
         )  # fmt: skip
     except InvalidEmail as exc:
         raise SystemExit(f"runnerd: --email: {exc}") from None
+    except LastAdmin as exc:
+        raise SystemExit(f"runnerd: {exc}") from None
     member = {
         "userId": str(row["user_id"]),
         "role": row["role"],

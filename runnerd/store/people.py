@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from runnerd.errors import LastAdmin
 from runnerd.ids import new_id, utc_now
 from runnerd.limits import IN_LIST_IDS
 from runnerd.model import Role
@@ -62,10 +63,13 @@ class PeopleStore(AuditStore):
         approver: bool | None = None,
     ) -> MembershipRecord:
         """Add a person to a workspace, or change their role, Apps-module access or
-        approver flag (who may approve write calls from relays)."""
+        approver flag (who may approve write calls from relays). LastAdmin when that
+        would leave the workspace without an admin (checked inside the transaction)."""
         with self._write():
             current = self.membership(workspace_id, user_id)
             new_role = role or (current.role if current else "member")
+            if current is not None and current.role == "admin" and new_role != "admin":
+                self._keep_an_admin(workspace_id, user_id)
             access = (
                 apps_access if apps_access is not None else bool(current and current.apps_access)
             )
@@ -97,8 +101,12 @@ class PeopleStore(AuditStore):
     ) -> bool:
         """Take a person out of a workspace (audited); False if they were not in it. Their
         keys stay (a personal key acts in each workspace of its person), but nothing of
-        theirs acts here any more: every request checks the membership afresh."""
+        theirs acts here any more: every request checks the membership afresh. LastAdmin
+        when they are the workspace's only admin."""
         with self._write():
+            current = self.membership(workspace_id, user_id)
+            if current is not None and current.role == "admin":
+                self._keep_an_admin(workspace_id, user_id)
             cur = self.db.execute(
                 "DELETE FROM memberships WHERE workspace_id = ? AND user_id = ?",
                 [workspace_id, user_id],
@@ -111,6 +119,17 @@ class PeopleStore(AuditStore):
                     detail={"userId": user_id},
                 )
         return bool(cur.rowcount)
+
+    def _keep_an_admin(self, workspace_id: str, leaving: str) -> None:
+        """LastAdmin unless the workspace has an admin besides ``leaving`` (in the
+        caller's write transaction, so two demotions at once cannot both pass)."""
+        other = self.db.execute(
+            """SELECT 1 FROM memberships
+               WHERE workspace_id = ? AND role = 'admin' AND user_id <> ? LIMIT 1""",
+            [workspace_id, leaving],
+        ).fetchone()
+        if other is None:
+            raise LastAdmin
 
     def membership(self, workspace_id: str, user_id: str) -> MembershipRecord | None:
         row = self.db.execute(
