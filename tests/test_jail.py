@@ -169,11 +169,9 @@ def _jail_starts() -> float:
     )
 
 
-@pytest.mark.jail
-def test_more_kinds_than_the_pool_keeps_do_not_restart_jails_forever(machine: Machine) -> None:
-    """A kind evicted from the warm pool (more than WARM_MAX_KINDS in use) stays out: its
-    jails' ends do not bring it back, evicting another, whose ends bring that back…"""
-    from runnerd.limits import WARM_MAX_KINDS
+def _starts_while_idle(machine: Machine, envs: list[Path], *, warm_first: bool) -> float:
+    """Jails a warm pool of one jail per kind starts in 2 s with no call, once it has been
+    given a python kind per package env of ``envs`` (and, ``warm_first``, has filled)."""
     from runnerd.run.jail import JailKind
 
     pooled = Sandbox(
@@ -184,19 +182,14 @@ def test_more_kinds_than_the_pool_keeps_do_not_restart_jails_forever(machine: Ma
         limits=machine.sandbox.limits,
         warm=1,
     )
-    # Package env folders the jails' uids can enter (pytest's tmp folders are 0700).
-    base = Path(tempfile.mkdtemp(prefix="kinds-", dir=machine.settings.data_dir))
-    base.chmod(0o755)
-    envs = [base / f"env{n}" for n in range(WARM_MAX_KINDS + 2)]
-    for env in envs:
-        env.mkdir(mode=0o755)
 
     async def scenario() -> float:
         try:
             for env in envs:
                 pooled.warm_pool.refill(JailKind("python", env))
                 await asyncio.sleep(0.05)
-            await pooled.warm_pool.wait_warm(15)
+            if warm_first:
+                await pooled.warm_pool.wait_warm(15)
             await asyncio.sleep(1)
             before = _jail_starts()
             await asyncio.sleep(2)
@@ -204,34 +197,28 @@ def test_more_kinds_than_the_pool_keeps_do_not_restart_jails_forever(machine: Ma
         finally:
             await pooled.close()
 
-    assert asyncio.run(scenario()) == 0
+    return asyncio.run(scenario())
+
+
+@pytest.mark.jail
+def test_more_kinds_than_the_pool_keeps_do_not_restart_jails_forever(machine: Machine) -> None:
+    """A kind evicted from the warm pool (more than WARM_MAX_KINDS in use) stays out: its
+    jails' ends do not bring it back, evicting another, whose ends bring that back…"""
+    from runnerd.limits import WARM_MAX_KINDS
+
+    # Package env folders the jails' uids can enter (pytest's tmp folders are 0700).
+    base = Path(tempfile.mkdtemp(prefix="kinds-", dir=machine.settings.data_dir))
+    base.chmod(0o755)
+    envs = [base / f"env{n}" for n in range(WARM_MAX_KINDS + 2)]
+    for env in envs:
+        env.mkdir(mode=0o755)
+    assert _starts_while_idle(machine, envs, warm_first=True) == 0
 
 
 @pytest.mark.jail
 def test_a_kind_whose_jails_die_at_start_is_not_restarted_in_a_loop(machine: Machine) -> None:
     """A package env inside a folder the jails' uids cannot enter (0700): each waiting jail
     dies at once, and the pool leaves the kind be until it is called again."""
-    from runnerd.run.jail import JailKind
-
-    pooled = Sandbox(
-        nsjail=machine.sandbox.nsjail,
-        runtimes=machine.runtimes,
-        cgroups=machine.cgroups,
-        uids=machine.sandbox.uids,
-        limits=machine.sandbox.limits,
-        warm=1,
-    )
     broken = Path(tempfile.mkdtemp(prefix="closed-", dir=machine.settings.data_dir)) / "env"
     broken.mkdir(mode=0o755)
-
-    async def scenario() -> float:
-        try:
-            pooled.warm_pool.refill(JailKind("python", broken))
-            await asyncio.sleep(1)
-            before = _jail_starts()
-            await asyncio.sleep(2)
-            return _jail_starts() - before
-        finally:
-            await pooled.close()
-
-    assert asyncio.run(scenario()) == 0
+    assert _starts_while_idle(machine, [broken], warm_first=False) == 0

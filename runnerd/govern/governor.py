@@ -192,18 +192,27 @@ class Governor:
     ) -> None:
         """Audit a refusal of a call (an error with a wire reason) as ``tool.refuse``,
         with its reason and surface: the same entry whichever surface made the call."""
+        await self._refusal_entry(
+            exc,
+            who,
+            workspace_id=install.workspace_id,
+            install_id=install.id,
+            version_id=install.version_id,
+            tool=tool_name,
+            surface=surface,
+        )
+
+    async def _refusal_entry(self, exc: RunnerdError, who: Principal, **fields: Any) -> None:
+        """The one ``tool.refuse`` entry: the refusal's reason, who was refused, and
+        ``fields`` (what was refused: workspace, install, version, tool, surface…)."""
         if exc.reason is not None:
             await self.store.io(
                 self.store.audit,
                 "tool.refuse",
-                workspace_id=install.workspace_id,
                 actor_user_id=who.user_id,
                 actor_key_id=who.key_id,
-                install_id=install.id,
-                version_id=install.version_id,
-                tool=tool_name,
-                surface=surface,
                 reason=exc.reason,
+                **fields,
             )
 
     async def _call(
@@ -499,17 +508,14 @@ class Governor:
         approval = await self.store.io(self.store.get_approval, approval_id)
         if approval is None:
             return
-        await self.store.io(
-            self.store.audit,
-            "tool.refuse",
+        await self._refusal_entry(
+            exc,
+            who,
             workspace_id=approval.workspace_id,
-            actor_user_id=who.user_id,
-            actor_key_id=who.key_id,
             install_id=approval.install_id,
             version_id=approval.version_id,
             tool=approval.tool,
             surface=approval.surface,
-            reason=exc.reason,
             detail={"approvalId": approval_id},
         )
 
