@@ -15,6 +15,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -35,6 +36,13 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     database_connections: int = L.DB_THREADS
     host: str = L.DEFAULT_HOST
     port: int = L.DEFAULT_PORT
+    # The address people and clients reach this daemon at, such as
+    # "https://runnerd.example.com" (behind a proxy): the Manage page's links in MCP
+    # answers and webhooks, and the OAuth issuer. Default: http://<host>:<port>.
+    public_url: str | None = None
+    # Host header values /mcp and OAuth accept (DNS-rebinding protection), besides the
+    # loopback names and the host of public_url; "*" accepts any.
+    allowed_hosts: tuple[str, ...] = ()
     # Node.js that runs JS/TS tools and the upload checks: a path, or a name on PATH.
     node: str = "node"
     # Python that runs Python tools; default: the daemon's own, if jails can read it.
@@ -124,6 +132,14 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     egress_connect_timeout_ms: int = 5_000
 
     @property
+    def public_base(self) -> str:
+        """The daemon's address for links people follow, without a trailing slash."""
+        if self.public_url is not None:
+            return self.public_url.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
     def secrets_key_path(self) -> Path:
         return self.secrets_key_file or self.data_dir / "secrets.key"
 
@@ -157,7 +173,7 @@ def _bundled_toolchain() -> Path | None:
 _FIELDS = Settings.__struct_fields__
 
 
-_LISTS = ("egress_allow_networks",)  # comma-separated in an env variable
+_LISTS = ("egress_allow_networks", "allowed_hosts")  # comma-separated in an env variable
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -226,6 +242,18 @@ def load_settings(
             f"invalid setting database_connections: {settings.database_connections} "
             f"(1 to {L.MAX_DATABASE_CONNECTIONS})"
         )
+    if settings.public_url is not None:
+        parts = urlsplit(settings.public_url)
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or parts.query
+            or parts.fragment
+        ):
+            raise ConfigError(
+                f"invalid setting public_url: {settings.public_url!r} "
+                "(http(s)://host[:port][/path], no query or fragment)"
+            )
     if settings.log_format not in ("text", "json"):
         raise ConfigError(f"invalid setting log_format: {settings.log_format!r} (text or json)")
     for name in ("http_header_timeout_s", "http_body_timeout_s"):
