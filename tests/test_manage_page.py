@@ -422,3 +422,75 @@ def test_a_write_tool_asks_before_a_real_run(
     page.tab.click("dialog.confirm button:has-text('Run it')")
     page.tab.wait_for_selector(".result .badge:has-text('succeeded')")
     assert json.loads(page.tab.inner_text(".result pre.json")) == {"written": 5}
+
+
+def test_approvals_show_the_call_and_only_deciders_get_buttons(
+    tab: Callable[..., Page], daemon: Daemon, tmp_path: Path
+) -> None:
+    """A relay's write call waits: the Approvals screen names its app, version and tool;
+    a member sees no buttons (only an approver or admin decides a relay's call), an admin
+    approves it, and it is then in the approved history with its run; a viewer has no
+    Approvals link."""
+    app = AppDir(tmp_path / "ledger-writer")
+    app.write("agentserve.app.yaml", "slug: ledger-writer\nname: LW\ntools: ./tools/*\n")
+    schema = {
+        "type": "object",
+        "properties": {"amount": {"type": "integer"}},
+        "required": ["amount"],
+    }
+    app.tool("post_entry", yaml=tool_doc("post_entry", effect="write", input=schema), source=WRITER)
+    writer = daemon.ship(app.root)["installId"]
+    asker = daemon.person("page-asker@example.com", role="member")
+    held = daemon.run(writer, "post_entry", {"amount": 7}, key=asker, surface="relay")
+    assert held.status_code == 202, held.text
+    approval = held.json()["approvalId"]
+
+    member = tab()
+    member.sign_in(asker)
+    member.open("/#/approvals")
+    row = member.tab.wait_for_selector(f"tr:has-text('{approval}')")
+    assert "ledger-writer" in row.inner_text() and "post_entry" in row.inner_text()
+    assert row.query_selector("button:has-text('Approve')") is None
+
+    admin = tab()
+    admin.sign_in(daemon.admin_key)
+    admin.open("/#/approvals")
+    admin.tab.click(f"tr:has-text('{approval}') button:has-text('Approve')")
+    admin.tab.wait_for_selector("text=No write calls are waiting.")
+    admin.open("/#/approvals?status=approved")
+    done = admin.tab.wait_for_selector(f"tr:has-text('{approval}')")
+    assert "approved" in done.inner_text() and done.query_selector("a:has-text('run')")
+
+    viewer = tab()
+    viewer.sign_in(daemon.person("page-approvals-viewer@example.com", role="viewer"))
+    viewer.tab.wait_for_selector("#nav a:has-text('Apps')")
+    assert viewer.tab.query_selector("#nav a:has-text('Approvals')") is None
+
+
+def test_a_role_change_asks_first(tab: Callable[..., Page], daemon: Daemon) -> None:
+    """Choosing another role asks; Cancel changes nothing and puts the select back."""
+    daemon.person("page-role@example.com", role="member")
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    page.open("/#/people")
+    select = "select[aria-label='Role of page-role@example.com']"
+    page.tab.wait_for_selector(select)
+    page.tab.select_option(select, "admin")
+    dialog = page.tab.wait_for_selector("dialog.confirm")
+    assert "page-role@example.com" in dialog.inner_text()
+    page.tab.click("dialog.confirm button:has-text('Cancel')")
+    assert page.tab.eval_on_selector(select, "s => s.value") == "member"
+    members = daemon.call(
+        "GET", f"/api/v2/workspaces/{daemon.workspace_id}/members", daemon.admin_key
+    ).json()
+    assert {m["email"]: m["role"] for m in members["data"]}["page-role@example.com"] == "member"
+    page.tab.select_option(select, "builder")
+    page.tab.click("dialog.confirm button:has-text('Change role')")
+    page.tab.wait_for_function(
+        "() => document.querySelector(\"select[aria-label='Role of page-role@example.com']\")"
+        "?.value === 'builder'"
+    )
+    members = daemon.call(
+        "GET", f"/api/v2/workspaces/{daemon.workspace_id}/members", daemon.admin_key
+    ).json()
+    assert {m["email"]: m["role"] for m in members["data"]}["page-role@example.com"] == "builder"

@@ -3,6 +3,7 @@ governor decides, with its expiry and who may see and decide it; this translates
 
 from __future__ import annotations
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -10,14 +11,19 @@ from runnerd.api.auth import caller_of
 from runnerd.api.bodies import ApprovalInfo, ApprovalList, wire_view
 from runnerd.api.ops import WORKSPACE, Op, Param, json_response, query_param
 from runnerd.api.state import AppState
+from runnerd.errors import InvalidQuery
 from runnerd.limits import MAX_ID_CHARS
 from runnerd.store import ApprovalRow
 
 __all__ = ["OPS"]
 
 
-def _approval_info(a: ApprovalRow) -> ApprovalInfo:
-    return wire_view(ApprovalInfo, a, id="approval_id")
+_STATUSES = ("pending", "approved", "denied", "expired")
+
+
+def _approval_info(a: ApprovalRow, *, may_decide: bool | None = None) -> ApprovalInfo:
+    info = wire_view(ApprovalInfo, a, id="approval_id")
+    return info if may_decide is None else msgspec.structs.replace(info, may_decide=may_decide)
 
 
 async def list_approvals(request: Request, state: AppState) -> Response:
@@ -27,9 +33,18 @@ async def list_approvals(request: Request, state: AppState) -> Response:
     caller.need_person()
     await caller.member(state.store, workspace_id, role="member")
     await state.governor.approvals.expire()
-    status = request.query_params.get("status")
+    status = request.query_params.get("status") or None
+    if status is not None and status not in _STATUSES:
+        raise InvalidQuery("status", f"status is one of {', '.join(_STATUSES)}")
     rows = await state.store.io(state.store.list_approvals, workspace_id, status)
-    return json_response(ApprovalList(data=[_approval_info(a) for a in rows]))
+    approvals, user_id = state.governor.approvals, caller.principal().user_id
+    data = [
+        _approval_info(
+            a, may_decide=a.status == "pending" and await approvals.may_decide(a, user_id)
+        )
+        for a in rows
+    ]
+    return json_response(ApprovalList(data=data))
 
 
 async def _decide(request: Request, state: AppState, approve: bool) -> Response:

@@ -282,6 +282,11 @@ class ApprovalInfo(_Wire):
     decided_by: str | None
     decided_at: str | None
     run_id: str | None
+    # In lists: the app and version the call was made to, and whether the caller may
+    # approve or deny it (from chat the person who asked; from a relay an approver).
+    app_slug: str | None = None
+    version: str | None = None
+    may_decide: bool | None = None
 
 
 class ApprovalList(_Wire):

@@ -30,6 +30,9 @@ class ApprovalRow(msgspec.Struct, frozen=True):
     decided_by: str | None = None
     decided_at: str | None = None
     run_id: str | None = None
+    # Read with list_approvals: the app and the version the call was made to.
+    app_slug: str | None = None
+    version: str | None = None
 
 
 class ApprovalsStore(AuditStore):
@@ -60,7 +63,9 @@ class ApprovalsStore(AuditStore):
             expires_at=stamp(now + timedelta(seconds=ttl_s)),
         )
         with self._write():
-            self.db.insert("approvals", msgspec.structs.asdict(row))
+            stored = msgspec.structs.asdict(row)
+            del stored["app_slug"], stored["version"]  # read with the list, not kept
+            self.db.insert("approvals", stored)
             self._append_audit(
                 "approval.request",
                 workspace_id=workspace_id,
@@ -83,11 +88,16 @@ class ApprovalsStore(AuditStore):
         return int(row[0])
 
     def list_approvals(self, workspace_id: str, status: str | None = None) -> list[ApprovalRow]:
-        """Approvals of a workspace, newest first (expire_approvals first to see expiries)."""
-        sql, args = "SELECT * FROM approvals WHERE workspace_id = ?", [workspace_id]
+        """Approvals of a workspace, newest first, with their app's slug and version
+        (expire_approvals first to see expiries)."""
+        sql = """SELECT a.*, p.slug AS app_slug, v.version AS version FROM approvals a
+                 LEFT JOIN app_versions v ON v.id = a.version_id
+                 LEFT JOIN apps p ON p.id = v.app_id
+                 WHERE a.workspace_id = ?"""
+        args: list[str] = [workspace_id]
         if status:
-            sql, args = sql + " AND status = ?", [*args, status]
-        return [ApprovalRow(**r) for r in self.db.query(sql + " ORDER BY id DESC", args)]
+            sql, args = sql + " AND a.status = ?", [*args, status]
+        return [ApprovalRow(**r) for r in self.db.query(sql + " ORDER BY a.id DESC", args)]
 
     def decide_approval(
         self, approval_id: str, *, approve: bool, user_id: str, key_id: str | None = None

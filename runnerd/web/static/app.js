@@ -32,7 +32,7 @@ function drawChrome() {
   const who = clear(document.getElementById('who'));
   if (!session.info) return;
   const link = (href, text) => h('a', { href }, text);
-  append(nav, [link('#/', 'Apps'), link('#/approvals', 'Approvals'),
+  append(nav, [link('#/', 'Apps'), can('member', false) ? link('#/approvals', 'Approvals') : null,
     can('admin', false) ? [link('#/audit', 'Audit'), link('#/ledger', 'Ledger'), link('#/people', 'People')] : null]);
   const picker = h('select', { id: 'workspace', 'aria-label': 'Workspace', onchange: () => {
     window.localStorage.setItem('runnerd.workspace', picker.value);

@@ -396,16 +396,27 @@ export async function runView(main, { runId }) {
 
 // --- approvals ---------------------------------------------------------------------------
 
-export async function approvalsView(main) {
+const APPROVAL_STATUSES = ['pending', 'approved', 'denied', 'expired'];
+
+export async function approvalsView(main, _params, query) {
+  const status = APPROVAL_STATUSES.includes(query.get('status')) ? query.get('status') : 'pending';
   const [found, emails] = await Promise.all([
-    api('GET', '/api/v2/approvals', { query: { workspaceId: ws(), status: 'pending' } }), emailsById()]);
+    api('GET', '/api/v2/approvals', { query: { workspaceId: ws(), status } }), emailsById()]);
+  const decide = (a, verb, done) => act(() => api('POST', `/api/v2/approvals/${a.approvalId}/${verb}`), done);
+  const tabs = h('p', { class: 'tabs' }, APPROVAL_STATUSES.map((s) => [s === status ? h('strong', {}, s)
+    : h('a', { href: `#/approvals?status=${s}` }, s), ' ']));
+  const rows = found.data.map((a) => [a.approvalId, a.appSlug ? `${a.appSlug} ${a.version || ''}` : a.installId, a.tool,
+    emails.get(a.requestedBy) || a.requestedBy, a.surface, when(a.createdAt),
+    status === 'pending' ? when(a.expiresAt) : [a.status, a.decidedAt ? ` ${when(a.decidedAt)}` : '',
+      a.decidedBy ? ` by ${emails.get(a.decidedBy) || a.decidedBy}` : '', a.runId ? [' ', h('a', { href: `#/runs/${a.runId}` }, 'run')] : ''],
+    a.mayDecide ? [
+      h('button', { type: 'button', class: 'small', onclick: () => decide(a, 'approve', 'Approved') }, 'Approve'), ' ',
+      h('button', { type: 'button', class: 'small danger', onclick: () => decide(a, 'deny', 'Denied') }, 'Deny')] : '']);
   append(main, [h('h1', {}, 'Approvals'),
-    h('p', { class: 'muted' }, 'Write calls from chat agents and relays wait here. Their input is held in memory for the run only and shown to no one.'),
-    table(['Tool', 'Asked by', 'Surface', 'Asked', 'Expires', ''], found.data.map((a) => [a.tool, emails.get(a.requestedBy) || a.requestedBy, a.surface,
-      when(a.createdAt), when(a.expiresAt), can('member') ? [
-        h('button', { type: 'button', class: 'small', onclick: () => act(() => api('POST', `/api/v2/approvals/${a.approvalId}/approve`), 'Approved') }, 'Approve'), ' ',
-        h('button', { type: 'button', class: 'small danger', onclick: () => act(() => api('POST', `/api/v2/approvals/${a.approvalId}/deny`), 'Denied') }, 'Deny')] : '']),
-    'No write calls are waiting.')]);
+    h('p', { class: 'muted' }, 'Write calls from chat agents and relays wait here for a decision: from chat, the person who asked decides; from a relay, an approver or an admin.'),
+    tabs,
+    table(['Approval', 'App', 'Tool', 'Asked by', 'Surface', 'Asked', status === 'pending' ? 'Expires' : 'Outcome', ''], rows,
+      status === 'pending' ? 'No write calls are waiting.' : `No ${status} approvals.`)]);
 }
 
 // --- admin pages -------------------------------------------------------------------------
@@ -458,11 +469,20 @@ export async function peopleView(main) {
   const memberRows = members.data.map((m) => {
     const role = h('select', { 'aria-label': `Role of ${m.email}` }, roles.map((r) => h('option', { value: r, selected: r === m.role }, r)));
     const apps = h('input', { type: 'checkbox', checked: m.appsAccess, 'aria-label': `Apps access of ${m.email}` });
+    const approver = h('input', { type: 'checkbox', checked: m.approver, 'aria-label': `Approver ${m.email}` });
     const save = () => act(() => api('PUT', `/api/v2/workspaces/${ws()}/members`,
-      { body: { email: m.email, role: role.value, appsAccess: apps.checked, approver: m.approver } }), `Saved ${m.email}`);
-    role.addEventListener('change', save);
+      { body: { email: m.email, role: role.value, appsAccess: apps.checked, approver: approver.checked } }), `Saved ${m.email}`);
+    role.addEventListener('change', async () => {
+      if (!await confirmDialog(`Make ${m.email} ${role.value}?`,
+        `${m.email} is ${m.role} now; the new role counts from their next request.`, 'Change role')) {
+        role.value = m.role;
+        return;
+      }
+      await save();
+    });
     apps.addEventListener('change', save);
-    return [m.email, role, apps, m.approver ? 'yes' : ''];
+    approver.addEventListener('change', save);
+    return [m.email, role, apps, approver];
   });
   const email = h('input', { id: 'person-email', type: 'email', required: true, autocomplete: 'off' });
   const newRole = h('select', { id: 'person-role' }, roles.map((r) => h('option', { value: r, selected: r === 'member' }, r)));
