@@ -479,7 +479,8 @@ class ApprovalOfAnotherCall(ApprovalUnavailable):
 
 
 class ApprovalRequestLost(ApprovalUnavailable):
-    """The daemon restarted since the call was held: its input is gone; call again."""
+    """The held call's sealed input cannot be opened (held by an older release, or sealed
+    with a secrets key this daemon does not have): deny it and call again."""
 
     reason, status = "APPROVAL_REQUEST_LOST", 409
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import os
 import secrets
 from pathlib import Path
@@ -65,6 +66,11 @@ class Vault:
         if not key_file.exists():
             write_key_file(key_file, new_key())
         return cls(base64.b64decode(key_file.read_text().strip()), key_file)
+
+    def derive(self, label: str) -> bytes:
+        """A 32-byte key for ``label``, from the secrets key: the same on every node of
+        a cluster (they share the secrets key), and no use for opening a secret."""
+        return hmac.new(self._key, b"runnerd derive\0" + label.encode(), hashlib.sha256).digest()
 
     def _reload(self) -> None:
         """Pick up a rotated key file (``runnerd admin rotate-secrets-key`` while serving)."""

@@ -123,6 +123,11 @@ def test_asked_on_one_node_approved_on_the_other_runs_once(
     a, b, install = nodes
     iid = install["installId"]
     asker = a.person("cluster-asker@example.com")
+    # Asked on one node, decided on the other alone: the input travels sealed in the store.
+    first = a.run(iid, "send", {"to": "carol"}, key=asker, surface="chat").json()["approvalId"]
+    decided = b.call("POST", f"/api/v2/approvals/{first}/approve", asker)
+    assert decided.status_code == 200, decided.text
+    assert b.ended_run(decided.json()["runId"], asker)["output"] == {"sent": "carol"}
     pending = a.run(iid, "send", {"to": "bob"}, key=asker, surface="chat")
     assert pending.status_code == 202, pending.text
     approval = pending.json()["approvalId"]
@@ -131,8 +136,9 @@ def test_asked_on_one_node_approved_on_the_other_runs_once(
         lambda: a.call("POST", f"/api/v2/approvals/{approval}/approve", asker),
     )
     assert sorted(r.status_code for r in decisions) == [200, 409], [r.text for r in decisions]
-    run_id = next(r for r in decisions if r.status_code == 200).json()["runId"]
-    detail = a.ended_run(run_id, asker)
+    won, node = next((r, n) for r, n in zip(decisions, (b, a), strict=True) if r.status_code == 200)
+    run_id = won.json()["runId"]
+    detail = node.ended_run(run_id, asker)  # the output is kept by the node that ran it
     assert detail["run"]["status"] == "succeeded" and detail["output"] == {"sent": "bob"}
     store = a.store()
     try:

@@ -21,4 +21,7 @@ class AppState:
     machine: Machine
     limiter: RateLimiter
     governor: Governor
-    signer: CookieSigner  # signs session cookies and MCP's held-approval state
+    signer: CookieSigner  # signs session cookies (this node's key)
+    # Signs MCP's held-approval request state: derived from the secrets key, so a client's
+    # retry verifies on every node of a cluster.
+    call_signer: CookieSigner

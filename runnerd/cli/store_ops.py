@@ -142,6 +142,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_rotate_key(args: argparse.Namespace) -> int:
+    from runnerd.govern.approvals import sealed_name
     from runnerd.vault import Vault, new_key, write_key_file
 
     settings = settings_from_args(args)
@@ -160,10 +161,15 @@ def cmd_rotate_key(args: argparse.Namespace) -> int:
     for install_id, name, kid, nonce, ct in store.sealed_secrets():
         value = old.open(install_id, name, kid, nonce, ct)
         resealed.append((install_id, name, *new.seal(install_id, name, value)))
+    held = []  # the inputs of calls waiting for approval, sealed with the same key
+    for approval_id, install_id, kid, nonce, ct in store.sealed_approvals():
+        named = sealed_name(approval_id)
+        value = old.open(install_id, named, kid, nonce, ct)
+        held.append((approval_id, install_id, *new.seal(install_id, named, value)))
     # The new key is safe on disk before any row needs it; rows switch in one transaction.
     pending = settings.secrets_key_path.with_name(settings.secrets_key_path.name + ".new")
     write_key_file(pending, key)
-    store.reseal_all(resealed, new.key_id)
+    store.reseal_all(resealed, new.key_id, held)
     os.replace(pending, settings.secrets_key_path)
     return output(
         args,

@@ -79,6 +79,7 @@ async def lifespan(
         limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
         governor=governor,
         signer=CookieSigner.from_file(settings.data_dir / "session.key"),
+        call_signer=CookieSigner(vault.derive("mcp request state")),
     )
     mcp.state = app.state.runnerd
     governor.on_tools_changed(mcp.tools_changed)  # installs and switches reach MCP sessions

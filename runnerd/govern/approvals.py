@@ -1,6 +1,7 @@
 """Write calls held for a person's decision: which calls wait, who may decide, deciding
-and expiring. A held call's input lives in memory only (Held); the store keeps the
-approval's row, bound to the request's hash.
+and expiring. The store keeps the approval's row, bound to the request's hash, and while
+it waits the call's input sealed by the vault (AES-GCM with the secrets key, bound to the
+approval's id): any node of the cluster may release it, after a restart too.
 
 Deciding is the same on every surface (``Approvals.decide``): expired approvals expire
 first, then the decider must see the approval and may run tools where it was held, the
@@ -9,8 +10,10 @@ the decider must be the one who may decide it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from runnerd.errors import (
     ApprovalNotFound,
@@ -20,15 +23,17 @@ from runnerd.errors import (
     AskerNoLongerAllowed,
     InsufficientRole,
     NotAnApprover,
+    RunnerdError,
 )
 from runnerd.govern.admission import Principal, may_run, require_budget
 from runnerd.govern.idempotency import request_hash
 from runnerd.govern.results import Pending
+from runnerd.ids import new_id
 from runnerd.model import Surface
-from runnerd.run.pipeline import CheckedInput
 from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord
+from runnerd.vault import Vault
 
-__all__ = ["APPROVAL_SURFACES", "Approvals", "CallOf", "Held"]
+__all__ = ["APPROVAL_SURFACES", "Approvals", "CallOf", "Held", "sealed_name"]
 
 # Surfaces whose write calls wait for a person's approval: chat asks the person, a relay
 # waits under its rules.
@@ -37,12 +42,19 @@ APPROVAL_SURFACES = ("chat", "relay")
 
 @dataclass
 class Held:
-    """A write call waiting for approval: its input lives only here, in memory."""
+    """A write call waiting for approval: its input (checked when the call was made; it
+    is checked again, against the same version, when released), who made it and with
+    which key, and the workflow run it belongs to."""
 
     value: Any
-    checked: CheckedInput  # checked once, when the call was made
     who: Principal
     workflow_run_id: str | None
+
+
+def sealed_name(approval_id: str) -> str:
+    """What a held input is sealed for, with its install: no ciphertext opens as another
+    approval's, or as a secret."""
+    return f"approval:{approval_id}"
 
 
 @dataclass(frozen=True)
@@ -66,12 +78,11 @@ class CallOf:
 
 @dataclass
 class Approvals:
-    """The approvals of write calls, and the inputs of those still pending (in memory:
-    a restart loses them, and approving one then is refused)."""
+    """The approvals of write calls; the inputs of those pending are sealed in the store."""
 
     store: Store
     ttl_s: int
-    _held: dict[str, Held] = field(default_factory=dict)
+    vault: Vault
 
     @staticmethod
     def needed(tool: ToolRecord, surface: Surface) -> bool:
@@ -91,6 +102,10 @@ class Approvals:
         """Hold a write call for approval (BudgetExhausted first if the month is spent:
         no one should approve what cannot run); its approval expires after ``ttl_s``."""
         await require_budget(self.store, install.id)
+        approval_id = new_id("apr")
+        sealed = self.vault.seal(
+            install.id, sealed_name(approval_id), msgspec.json.encode(held.value).decode()
+        )
         approval = await self.store.io(
             self.store.create_approval,
             workspace_id=install.workspace_id,
@@ -101,8 +116,11 @@ class Approvals:
             surface=surface,
             requested_by=held.who.user_id,
             ttl_s=self.ttl_s,
+            approval_id=approval_id,
+            sealed=sealed,
+            key_id=held.who.key_id,
+            workflow_run_id=held.workflow_run_id,
         )
-        self._held[approval.id] = held
         return Pending(approval.id, approval.expires_at)
 
     async def may_decide(self, approval: ApprovalRow, user_id: str) -> bool:
@@ -143,13 +161,10 @@ class Approvals:
             raise NotAnApprover(
                 "from chat only the person who asked decides; from a relay, an approver",
             )
+        held: Held | None = None
         if approve and approval.status == "pending":
             # Refuse before deciding, so the approval stays pending for a later try.
-            if approval_id not in self._held:
-                raise ApprovalRequestLost(
-                    "the daemon restarted since the call was made, and calls waiting for "
-                    "approval are kept in memory only: make the call again",
-                )
+            held = self._unseal(approval)
             await require_budget(self.store, approval.install_id)
             # The run is the asker's: it runs only while they may still run tools there (a
             # person demoted or removed while the call waited gets nothing run for them).
@@ -172,16 +187,41 @@ class Approvals:
             current = await self.store.io(self.store.get_approval, approval_id)
             status = current.status if current else "missing"
             raise ApprovalNotPending(f"the approval is {status}")
-        held = self._held.pop(approval_id, None)
         if not approve:
             return decided, None
-        if held is None:  # only the winner of two racing approvals finds the input
-            raise ApprovalNotPending("the approval was just decided")
+        # Only the winner of two racing decisions (on any node) got the row back.
+        assert held is not None
         return decided, held
 
+    def _unseal(self, approval: ApprovalRow) -> Held:
+        """The call an approval holds, opened from its sealed input (ApprovalRequestLost
+        when it cannot be: held before inputs were kept, or sealed with a key since
+        rotated away)."""
+        if approval.sealed_input is None or approval.sealed_nonce is None:
+            raise ApprovalRequestLost(
+                "the input of this call is not kept (it was held by a daemon older than "
+                "this store's sealed approvals): deny it, and make the call again",
+            )
+        try:
+            raw = self.vault.open(
+                approval.install_id,
+                sealed_name(approval.id),
+                approval.sealed_kid or "",
+                approval.sealed_nonce,
+                approval.sealed_input,
+            )
+        except RunnerdError:
+            raise ApprovalRequestLost(
+                "the input of this call was sealed with a secrets key this daemon does not "
+                "have (rotated since, or another key on this node): deny it, and make the "
+                "call again",
+            ) from None
+        return Held(
+            msgspec.json.decode(raw),
+            Principal(approval.requested_by, approval.key_id),
+            approval.workflow_run_id,
+        )
+
     async def expire(self) -> list[str]:
-        """Expire approvals past their time, and forget their held inputs."""
-        expired = await self.store.io(self.store.expire_approvals)
-        for approval_id in expired:
-            self._held.pop(approval_id, None)
-        return expired
+        """Expire approvals past their time (their sealed inputs are cleared with them)."""
+        return await self.store.io(self.store.expire_approvals)

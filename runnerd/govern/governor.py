@@ -94,7 +94,7 @@ class Governor:
             pipeline=pipeline,
             vault=vault,
             gate=RunGate(settings.max_concurrent_runs, settings.max_queued_runs),
-            approvals=Approvals(store, settings.approval_ttl_s),
+            approvals=Approvals(store, settings.approval_ttl_s, vault),
             idempotency=IdempotencyKeys(store, settings.idempotency_ttl_s),
             results=ResultCache(
                 settings.result_cache_mb << 20,
@@ -242,7 +242,7 @@ class Governor:
                     version_id=version_id,
                     fingerprint=fingerprint,
                     surface=surface,
-                    held=Held(value, checked, who, workflow_run_id),
+                    held=Held(value, who, workflow_run_id),
                 )
                 if idempotency_key is not None:
                     await self.idempotency.release(who, idempotency_key)
@@ -477,6 +477,11 @@ class Governor:
             install = await self.store.io(self.store.get_install, decided.install_id)
             assert install is not None
             tool = await self.tool(install, decided.tool, decided.version_id)
+            # Checked again, against the version it was held for (the compiled check is
+            # cached): the run gets its encoding and its check time, on any node.
+            checked = await self.pipeline.check_input(
+                tool, held.value, key=tool_key(tool, decided.version_id)
+            )
             run_id = await self._start_run(
                 install,
                 tool,
@@ -490,7 +495,9 @@ class Governor:
             if exc.reason is not None and not isinstance(exc, ApprovalNotFound):
                 await self._audit_decision_refusal(exc, approval_id, who)
             raise
-        task = asyncio.ensure_future(self._approved_run(run_id, install, tool, held, decided))
+        task = asyncio.ensure_future(
+            self._approved_run(run_id, install, tool, held, checked, decided)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         found = await self.store.io(self.store.get_approval, approval_id)
@@ -525,6 +532,7 @@ class Governor:
         install: InstallRecord,
         tool: ToolRecord,
         held: Held,
+        checked: CheckedInput,
         approval: ApprovalRow,
     ) -> None:
         # Nobody awaits this run: its failure to start is recorded on its row, not raised.
@@ -537,7 +545,7 @@ class Governor:
                     held.value,
                     approval.version_id,
                     held.who.key_id,
-                    held.checked,
+                    checked,
                     approval.surface,
                     slot,
                 )

@@ -1,7 +1,9 @@
 """Approvals of write calls from chat and relays.
 
-An approval holds no input: it is bound to the SHA-256 of the request (install,
-version, tool and input), never to the input itself.
+An approval is bound to the SHA-256 of the request (install, version, tool and input).
+While it is pending it also keeps the input, sealed by the vault (the secrets key, which
+every node of a cluster has), so any node can release the call, after a restart too; the
+sealed input is cleared in the same write that decides or expires the approval.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ class ApprovalRow(msgspec.Struct, frozen=True):
     decided_by: str | None = None
     decided_at: str | None = None
     run_id: str | None = None
+    # While pending: the call's input sealed by the vault (key id, nonce, ciphertext), and
+    # the key and workflow run it was made with. Never on the wire, never in the audit.
+    sealed_kid: str | None = None
+    sealed_nonce: bytes | None = None
+    sealed_input: bytes | None = None
+    key_id: str | None = None
+    workflow_run_id: str | None = None
     # Read with list_approvals: the app and the version the call was made to.
     app_slug: str | None = None
     version: str | None = None
@@ -47,10 +56,17 @@ class ApprovalsStore(AuditStore):
         surface: Surface,
         requested_by: str,
         ttl_s: int,
+        approval_id: str | None = None,
+        sealed: tuple[str, bytes, bytes] | None = None,
+        key_id: str | None = None,
+        workflow_run_id: str | None = None,
     ) -> ApprovalRow:
+        """Hold a call: ``sealed`` is its input as the vault sealed it (key id, nonce,
+        ciphertext) for ``approval_id``."""
         now = datetime.now(UTC)
+        kid, nonce, ciphertext = sealed or (None, None, None)
         row = ApprovalRow(
-            id=new_id("apr"),
+            id=approval_id or new_id("apr"),
             workspace_id=workspace_id,
             install_id=install_id,
             version_id=version_id,
@@ -61,6 +77,11 @@ class ApprovalsStore(AuditStore):
             status="pending",
             created_at=stamp(now),
             expires_at=stamp(now + timedelta(seconds=ttl_s)),
+            sealed_kid=kid,
+            sealed_nonce=nonce,
+            sealed_input=ciphertext,
+            key_id=key_id,
+            workflow_run_id=workflow_run_id,
         )
         with self._write():
             stored = msgspec.structs.asdict(row)
@@ -109,7 +130,8 @@ class ApprovalsStore(AuditStore):
         now = utc_now()
         with self._write():
             cur = self.db.execute(
-                """UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?
+                """UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?,
+                   sealed_kid = NULL, sealed_nonce = NULL, sealed_input = NULL
                    WHERE id = ? AND status = 'pending' AND expires_at > ?""",
                 [status, user_id, now, approval_id, now],
             )
@@ -141,7 +163,8 @@ class ApprovalsStore(AuditStore):
             ).fetchall()
             for approval_id, ws, install_id, version_id, tool, surface in rows:
                 self.db.execute(
-                    "UPDATE approvals SET status = 'expired', decided_at = ? WHERE id = ?",
+                    "UPDATE approvals SET status = 'expired', decided_at = ?, sealed_kid = NULL, "
+                    "sealed_nonce = NULL, sealed_input = NULL WHERE id = ?",
                     [now, approval_id],
                 )
                 self._append_audit(

@@ -319,6 +319,15 @@ def _m8_session_credential(db: Database) -> None:
     db.ddl("CREATE INDEX web_sessions_by_key ON web_sessions (key_id)")
 
 
+def _m9_sealed_approvals(db: Database) -> None:
+    """A held call's input, sealed with the secrets key (AES-GCM, bound to its approval),
+    and the key and workflow run it was made with: any node can release it, after a
+    restart too. The sealed input is cleared when the approval is decided or expires."""
+    for column in ("sealed_kid TEXT", "sealed_nonce BLOB", "sealed_input BLOB", "key_id TEXT",
+                   "workflow_run_id TEXT"):  # fmt: skip
+        db.ddl(f"ALTER TABLE approvals ADD COLUMN {column}")
+
+
 # Append only: a migration, once released, never changes.
 MIGRATIONS: list[Callable[[Database], None]] = [
     _m1_apps_and_versions,
@@ -329,4 +338,5 @@ MIGRATIONS: list[Callable[[Database], None]] = [
     _m6_sign_in,
     _m7_nodes,
     _m8_session_credential,
+    _m9_sealed_approvals,
 ]

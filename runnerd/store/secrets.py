@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from runnerd.ids import utc_now
 from runnerd.store.audit import AuditStore
 
@@ -86,9 +88,28 @@ class SecretsStore(AuditStore):
         )
         return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
-    def reseal_all(self, rows: list[SealedRow], new_key_id: str) -> None:
-        """Replace every sealed secret (a key rotation) in one transaction."""
+    def sealed_approvals(self) -> list[SealedRow]:
+        """The inputs of pending approvals, sealed: (approval id, install id, key id, nonce,
+        ciphertext)."""
+        rows = self.db.execute(
+            """SELECT id, install_id, sealed_kid, sealed_nonce, sealed_input FROM approvals
+               WHERE status = 'pending' AND sealed_input IS NOT NULL"""
+        ).fetchall()
+        return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    def reseal_all(
+        self, rows: list[SealedRow], new_key_id: str, approvals: Sequence[SealedRow] = ()
+    ) -> None:
+        """Replace every sealed secret, and the sealed inputs of pending approvals
+        (``approvals``, as sealed_approvals gives them), in one transaction: a key
+        rotation."""
         with self._write():
+            for approval_id, _install, kid, nonce, ciphertext in approvals:
+                self.db.execute(
+                    """UPDATE approvals SET sealed_kid = ?, sealed_nonce = ?, sealed_input = ?
+                       WHERE id = ? AND sealed_input IS NOT NULL""",
+                    [kid, nonce, ciphertext, approval_id],
+                )
             for install_id, name, kid, nonce, ciphertext in rows:
                 self.db.execute(
                     """UPDATE install_secrets SET key_id = ?, nonce = ?, ciphertext = ?
@@ -96,5 +117,6 @@ class SecretsStore(AuditStore):
                     [kid, nonce, ciphertext, install_id, name],
                 )
             self._append_audit(
-                "secrets.rotate_key", detail={"keyId": new_key_id, "secrets": len(rows)}
+                "secrets.rotate_key",
+                detail={"keyId": new_key_id, "secrets": len(rows), "approvals": len(approvals)},
             )
