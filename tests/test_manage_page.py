@@ -451,6 +451,7 @@ def test_approvals_show_the_call_and_only_deciders_get_buttons(
     row = member.tab.wait_for_selector(f"tr:has-text('{approval}')")
     assert "ledger-writer" in row.inner_text() and "post_entry" in row.inner_text()
     assert row.query_selector("button:has-text('Approve')") is None
+    member.tab.wait_for_selector("#approvals-waiting:has-text('(')")  # the count by the link
 
     admin = tab()
     admin.sign_in(daemon.admin_key)
@@ -486,10 +487,7 @@ def test_a_role_change_asks_first(tab: Callable[..., Page], daemon: Daemon) -> N
     assert {m["email"]: m["role"] for m in members["data"]}["page-role@example.com"] == "member"
     page.tab.select_option(select, "builder")
     page.tab.click("dialog.confirm button:has-text('Change role')")
-    page.tab.wait_for_function(
-        "() => document.querySelector(\"select[aria-label='Role of page-role@example.com']\")"
-        "?.value === 'builder'"
-    )
+    page.tab.wait_for_selector("#toast:has-text('Saved page-role@example.com')")
     members = daemon.call(
         "GET", f"/api/v2/workspaces/{daemon.workspace_id}/members", daemon.admin_key
     ).json()

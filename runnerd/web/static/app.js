@@ -32,7 +32,8 @@ function drawChrome() {
   const who = clear(document.getElementById('who'));
   if (!session.info) return;
   const link = (href, text) => h('a', { href }, text);
-  append(nav, [link('#/', 'Apps'), can('member', false) ? link('#/approvals', 'Approvals') : null,
+  append(nav, [link('#/', 'Apps'),
+    can('member', false) ? h('a', { href: '#/approvals' }, 'Approvals', h('span', { id: 'approvals-waiting', class: 'count' })) : null,
     can('admin', false) ? [link('#/audit', 'Audit'), link('#/ledger', 'Ledger'), link('#/people', 'People')] : null]);
   const picker = h('select', { id: 'workspace', 'aria-label': 'Workspace', onchange: () => {
     window.localStorage.setItem('runnerd.workspace', picker.value);
@@ -102,8 +103,23 @@ function loginLinkView(token) {
     } }, 'Sign in')))]);
 }
 
+// How many write calls wait for a decision, next to the Approvals link (members and up).
+async function countWaiting() {
+  const badge = document.getElementById('approvals-waiting');
+  if (!badge || !session.workspaceId) return;
+  try {
+    const found = await api('GET', '/api/v2/approvals', { query: { workspaceId: session.workspaceId, status: 'pending' } });
+    const n = found.data.length;
+    badge.textContent = n ? ` (${n})` : '';
+    badge.title = n ? `${n} waiting for a decision` : '';
+  } catch {
+    badge.textContent = '';
+  }
+}
+
 async function route() {
   if (!session.info) return;
+  countWaiting();
   const [path, search] = window.location.hash.replace(/^#/, '').split('?');
   const query = new URLSearchParams(search || '');
   clear(main);
