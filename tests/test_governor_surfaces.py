@@ -132,7 +132,8 @@ def test_the_same_refusal_over_the_api_and_mcp_leaves_the_same_audit_entry(
     before = _last_seq(daemon)
     result = _over_mcp(daemon, key, f"{slug}__quote", value)
     assert result.is_error is True
-    assert result.structured_content["error"]["reason"] == reason
+    assert result.structured_content is None
+    assert result.meta["runnerd/error"]["reason"] == reason
     [over_mcp] = _refusals(daemon, before)
 
     assert {f: over_api.get(f) for f in ENTRY_FIELDS} == {f: over_mcp.get(f) for f in ENTRY_FIELDS}
@@ -176,7 +177,7 @@ def test_a_refusal_over_mcp_is_counted_as_over_the_api(
     envelope(daemon.run(installs["desk"], "quote", bad, keys["member"]), 400, "INVALID_INPUT")
     assert _counted(daemon, "INVALID_INPUT") == counted + 1
     refused = _over_mcp(daemon, keys["member"], "desk__quote", bad)
-    assert refused.is_error and refused.structured_content["error"]["reason"] == "INVALID_INPUT"
+    assert refused.is_error and refused.meta["runnerd/error"]["reason"] == "INVALID_INPUT"
     assert _counted(daemon, "INVALID_INPUT") == counted + 2
 
 
@@ -201,7 +202,7 @@ def test_an_expired_approval_confirmed_over_mcp_is_refused_as_expired_as_over_th
 
     result = _over_mcp(daemon, key, "desk__book", {"amount": 3}, elicitation_callback=confirm_late)
     assert result.is_error is True, result
-    error = result.structured_content["error"]
+    error = result.meta["runnerd/error"]
     assert (error["reason"], error["status"], error["message"]) == (
         "APPROVAL_NOT_PENDING",
         409,

@@ -5,6 +5,7 @@ process, in tests/test_mcp_contract.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -136,11 +137,16 @@ def test_refusals_failures_and_timeouts(daemon: Daemon, installs: dict[str, str]
             return invalid, failed, slow, unknown.value
 
     invalid, failed, slow, unknown = _run(work)
-    assert invalid.is_error and invalid.structured_content["error"]["reason"] == "INVALID_INPUT"
-    assert invalid.structured_content["error"]["details"]["pointer"] == "/discountPct"
+    # No structuredContent on an error: a client would check it against the output schema.
+    assert invalid.is_error is True and invalid.structured_content is None
+    error = invalid.meta["runnerd/error"]
+    assert error["reason"] == "INVALID_INPUT" and error["code"] and error["status"] == 400
+    assert error["details"]["pointer"] == "/discountPct" and error["message"]
+    assert json.loads(invalid.content[0].text) == {"error": error}
     assert failed.is_error and "the crm is down" in failed.content[0].text
     assert failed.meta["runnerd/run"]["status"] == "failed"
     assert slow.is_error and slow.meta["runnerd/run"]["status"] == "timed_out"
+    assert failed.structured_content is None and slow.structured_content is None
     assert "no tool 'ledger__nope'" in str(unknown)
 
 
@@ -173,14 +179,15 @@ def test_a_write_tool_asks_and_runs_only_when_accepted(
 
     before = runs()
     declined = _run(lambda: call(None, 7))
-    assert declined.is_error and declined.structured_content["status"] == "declined"
+    assert declined.is_error and declined.structured_content is None
+    assert declined.meta["runnerd/approval"]["status"] == "declined"
     unticked = _run(lambda: call(False, 8))
     assert unticked.is_error and runs() == before  # nothing ran unasked
     # The box is a boolean: a client that sends form values as text, or a number, has
     # not ticked it.
     for sent in ("false", "true", "yes", "0", 1):
         other = _run(lambda sent=sent: call(sent, 8))
-        assert other.is_error and other.structured_content["status"] == "declined", sent
+        assert other.is_error and other.meta["runnerd/approval"]["status"] == "declined", sent
     assert runs() == before
     assert (
         "ledger/post_entry" in asked[0] and '"amount": 7' in asked[0] and "write tool" in asked[0]
@@ -200,9 +207,9 @@ def test_a_client_without_elicitation_gets_a_pending_approval(
             return await client.call_tool("ledger__post_entry", {"amount": 3})
 
     pending = _run(ask)
-    assert pending.is_error is not True
-    assert pending.structured_content["status"] == "pending_approval"
-    approval_id = pending.structured_content["approvalId"]
+    assert pending.is_error is True and pending.structured_content is None
+    assert pending.meta["runnerd/approval"]["status"] == "pending_approval"
+    approval_id = pending.meta["runnerd/approval"]["approvalId"]
     approved = daemon.call("POST", f"/api/v2/approvals/{approval_id}/approve", daemon.admin_key)
     assert approved.status_code == 200, approved.text
 
@@ -270,9 +277,11 @@ def test_a_write_tool_asks_every_era_in_the_form_it_reads(
     before = runs()
     for reply in refusals:
         _, refused = _run(lambda reply=reply: call("legacy", reply, "post_entry", 53))
-        assert refused.is_error and refused.structured_content["status"] == "declined"
+        assert refused.is_error and refused.structured_content is None
+        held = refused.meta["runnerd/approval"]
+        assert held["status"] == "declined" and held["approvalId"] in refused.content[0].text
         # Decided now: no approval is left pending that the client could never act on.
-        assert _approval_status(daemon, refused.structured_content["approvalId"]) == "denied"
+        assert _approval_status(daemon, held["approvalId"]) == "denied"
     assert runs() == before
 
 
@@ -280,9 +289,10 @@ def test_a_write_tool_asks_every_era_in_the_form_it_reads(
 def test_a_pending_answer_keeps_to_the_tools_output_schema(
     daemon: Daemon, installs: dict[str, str], mode: str
 ) -> None:
-    """A client that cannot elicit, and a tool whose output schema requires fields: the
-    pending answer is isError (which a client does not check against the schema), with
-    the approval id in the text and in _meta, so the agent can follow it up."""
+    """A client that cannot elicit, and a tool whose output schema requires fields, in
+    2025-11-25 and 2026-07-28: the pending answer is isError without structuredContent
+    (the SDK client does not raise), its text naming the approval id, its expiry and the
+    Manage page's URL where a person decides it; the same in _meta."""
     key = daemon.person(f"mcp-pending-{mode}@example.com")
 
     async def ask() -> Any:
@@ -293,8 +303,11 @@ def test_a_pending_answer_keeps_to_the_tools_output_schema(
     assert pending.is_error is True and pending.structured_content is None
     held = pending.meta["runnerd/approval"]
     assert held["status"] == "pending_approval" and held["expiresAt"]
+    assert held["url"] == f"{daemon.url}/#/approvals"
     approval_id = held["approvalId"]
-    assert approval_id in pending.content[0].text and "runnerd.approval" in pending.content[0].text
+    text = pending.content[0].text
+    assert "waits for approval" in text and approval_id in text and held["expiresAt"] in text
+    assert held["url"] in text and "runnerd.approval" in text
     assert _approval_status(daemon, approval_id) == "pending"
     approved = daemon.call("POST", f"/api/v2/approvals/{approval_id}/approve", key)
     assert approved.status_code == 200, approved.text
@@ -365,7 +378,7 @@ def test_an_approved_calls_output_is_only_for_whom_it_belongs(
         async with _client(daemon, asker) as client:  # no elicitation: the call is held
             return await client.call_tool("ledger__post_entry", {"amount": 42})
 
-    held = _run(ask).structured_content
+    held = _run(ask).meta["runnerd/approval"]
     assert held["status"] == "pending_approval"
     approval_id = held["approvalId"]
     approved = daemon.call("POST", f"/api/v2/approvals/{approval_id}/approve", asker)

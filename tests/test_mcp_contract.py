@@ -447,7 +447,7 @@ def test_mcp_rights_follow_the_person_at_once(
 
     refused = _run(d, call)
     assert refused.is_error
-    assert refused.structured_content["error"]["reason"] == "INSUFFICIENT_WORKSPACE_ROLE"
+    assert refused.meta["runnerd/error"]["reason"] == "INSUFFICIENT_WORKSPACE_ROLE"
 
     seen: list[str] = []
     holding = _hold_the_stream(d, key, session_id, seen)

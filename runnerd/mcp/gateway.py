@@ -8,18 +8,20 @@ back. Who may talk MCP, and the sessions they open, are mcp/sessions.py's.
 - ``tools/call``: the same governed call as the API (govern/governor.py), surface
   ``chat``, the person recorded: role, budget, rate limit, audit (refusals included),
   ledger and approvals all apply. A run that started is a result (``isError`` when it
-  failed or timed out); a refusal is an ``isError`` result whose structuredContent
-  carries the API's code and reason; an unknown tool is an MCP error. Each refusal is
+  failed or timed out); a refusal is an ``isError`` result whose text (JSON) and
+  ``_meta["runnerd/error"]`` carry the API's code, reason, message and details; an
+  unknown tool is an MCP error. No error result ever has structuredContent (a client
+  checks it against the tool's output schema): a success's is the checked output. Each refusal is
   counted in ``runnerd_refusals_total`` as the API's are.
 - A ``write`` tool asks the person first, in the form the session's revision has: from
   2026-07-28 an ``InputRequiredResult``, before it an ``elicitation/create`` request
   during the call. The form shows the tool, its effect and the exact input; the answer
   decides the approval held for that input (accept: the run, and its result; anything
   else, a client's error included: denied, nothing runs), through ``Governor.decide``
-  as the API's decisions go. A client that cannot elicit gets a ``pending_approval``
-  answer (structuredContent only if the tool's output schema admits it, else
-  ``isError``; always in ``_meta["runnerd/approval"]``); someone decides through the
-  API or the Manage page, and ``runnerd.approval`` reads the outcome.
+  as the API's decisions go. A client that cannot elicit gets an ``isError`` answer
+  that says the call waits, with the approval id, its expiry and the Manage page's
+  URL (also in ``_meta["runnerd/approval"]``); someone decides through the API or the
+  Manage page, and ``runnerd.approval`` reads the outcome.
 - Installing, switching or rolling back publishes ``notifications/tools/list_changed``
   to the sessions listening (``subscriptions/listen``).
 """
@@ -199,7 +201,7 @@ class McpGateway:
             )
         try:
             # The governor finds the tool, and audits an unknown one as the API's refusal.
-            tool = await state.governor.tool_to_call(install, tool_name, who=who, surface="chat")
+            await state.governor.tool_to_call(install, tool_name, who=who, surface="chat")
         except ToolNotFound as exc:
             raise _unknown_tool(params.name, exc) from None
         try:
@@ -210,7 +212,7 @@ class McpGateway:
                 install, tool_name, arguments, who=who, surface="chat"
             )
             if isinstance(outcome, Pending):
-                asking = _Asking(install.app_slug, tool_name, tool.output_schema, arguments)
+                asking = _Asking(install.app_slug, tool_name, arguments)
                 return await self._ask(state, ctx, who, asking, outcome)
         except RunnerdError as exc:
             return _refused(exc)
@@ -225,14 +227,14 @@ class McpGateway:
         call (``_elicit``): an older client cannot read an ``InputRequiredResult``."""
         capabilities = ctx.session.client_capabilities
         if capabilities is None or capabilities.elicitation is None:
-            return _pending(held, asking.output_schema)
+            return _pending(state, held)
         if is_version_at_least(ctx.protocol_version, INPUT_REQUIRED_VERSION):
             return types.InputRequiredResult(
                 input_requests={"confirm": types.ElicitRequest(params=_confirm_form(asking))},
-                request_state=state.signer.sign(held.approval_id),  # unforgeable
+                request_state=state.call_signer.sign(held.approval_id),  # unforgeable
             )
         if not ctx.session.can_send_request:
-            return _pending(held, asking.output_schema)  # no channel to ask on: it waits
+            return _pending(state, held)  # no channel to ask on: it waits
         return await self._elicit(state, ctx, who, asking, held)
 
     async def _elicit(
@@ -266,11 +268,7 @@ class McpGateway:
         if accepted and decided.run_id is not None:
             return _result(await state.governor.outcome(decided.run_id))
         said = "Declined" if answer is not None else "Not confirmed (the client gave no answer)"
-        return types.CallToolResult(
-            content=[types.TextContent(text=f"{said}: the call did not run.")],
-            structured_content={"status": "declined", "approvalId": held.approval_id},
-            is_error=True,
-        )
+        return _declined(said, held.approval_id)
 
     async def _confirmed(
         self,
@@ -283,7 +281,7 @@ class McpGateway:
     ) -> types.CallToolResult:
         """The retry of a held call, with the person's answer: the governor decides its
         approval (expired, who may decide, whether it holds this very call)."""
-        approval_id = state.signer.unsign(params.request_state or "")
+        approval_id = state.call_signer.unsign(params.request_state or "")
         if approval_id is None:
             raise MCPError(types.INVALID_PARAMS, _NOT_THIS_CALL)
         answer = (params.input_responses or {}).get("confirm")
@@ -304,11 +302,7 @@ class McpGateway:
         except (ApprovalNotFound, ApprovalOfAnotherCall):
             raise MCPError(types.INVALID_PARAMS, _NOT_THIS_CALL) from None
         if not accepted or decided.run_id is None:
-            return types.CallToolResult(
-                content=[types.TextContent(text="Declined: the call did not run.")],
-                structured_content={"status": "declined", "approvalId": decided.id},
-                is_error=True,
-            )
+            return _declined("Declined", decided.id)
         return _result(await state.governor.outcome(decided.run_id))
 
     async def _approval_result(
@@ -337,10 +331,14 @@ class McpGateway:
         found["run"] = _run_fields(run) | {"outputAvailable": entitled}
         if not entitled:
             found["run"] |= {"output": None, "error": None}
+        text = json.dumps(found, ensure_ascii=False)
+        if run.status != "succeeded":  # an error result: the same, without structuredContent
+            return types.CallToolResult.model_validate(
+                {"content": [{"type": "text", "text": text}], "isError": True,
+                 "_meta": {"runnerd/approval": found}}
+            )  # fmt: skip
         return types.CallToolResult(
-            content=[types.TextContent(text=json.dumps(found, ensure_ascii=False))],
-            structured_content=found,
-            is_error=run.status != "succeeded",
+            content=[types.TextContent(text=text)], structured_content=found
         )
 
 
@@ -350,7 +348,6 @@ class _Asking:
 
     slug: str
     tool: str
-    output_schema: dict[str, Any] | None
     arguments: dict[str, Any]
 
 
@@ -369,36 +366,39 @@ def _confirm_form(asking: _Asking) -> types.ElicitRequestFormParams:
     )
 
 
-# The keywords of an output schema that admits any object: only then may the pending
-# answer ride structuredContent (a client checks it against the schema unless isError).
-_OPEN_SCHEMA_KEYS = frozenset({"type", "title", "description", "$schema", "$id", "$comment"})
+def _declined(said: str, approval_id: str) -> types.CallToolResult:
+    """A confirmation that did not approve: isError, nothing ran, no structuredContent;
+    the approval's id and status in ``_meta["runnerd/approval"]``."""
+    return types.CallToolResult.model_validate(
+        {"content": [{"type": "text", "text": f"{said}: the call did not run ({approval_id})."}],
+         "isError": True,
+         "_meta": {"runnerd/approval": {"status": "declined", "approvalId": approval_id}}}
+    )  # fmt: skip
 
 
-def _pending(held: Pending, output_schema: dict[str, Any] | None) -> types.CallToolResult:
-    """A held call that waits for someone to decide: its approval id and deadline in
-    ``_meta["runnerd/approval"]`` and the text, and as structuredContent only when the
-    tool's output schema admits it; otherwise ``isError``, with no structuredContent,
-    so a client that checks results against the schema still shows the agent the id."""
+def _pending(state: AppState, held: Pending) -> types.CallToolResult:
+    """A held call that waits for someone to decide, to a client that cannot ask the
+    person: always ``isError`` without structuredContent (a client checks a non-error
+    result against the tool's output schema, which a pending answer never matches), its
+    text naming the approval, its deadline and the Manage page where a person decides
+    it; the same in ``_meta["runnerd/approval"]``."""
+    url = f"{state.settings.public_base}/#/approvals"
     pending = {
         "status": "pending_approval",
         "approvalId": held.approval_id,
         "expiresAt": held.expires_at,
+        "url": url,
     }
     text = (
-        f"This write call waits for approval ({held.approval_id}); it runs once approved, "
-        f"through the API or the Manage page, before {held.expires_at}. Read its outcome "
-        f"with {APPROVAL_TOOL}."
+        f"This write call waits for approval: approval {held.approval_id}, which expires "
+        f"at {held.expires_at}. A person who may approve decides it on the Manage page, "
+        f"{url} (or through the API); the call runs once approved. Read its outcome with "
+        f"{APPROVAL_TOOL} and this approvalId."
     )
-    found: dict[str, Any] = {
-        "content": [{"type": "text", "text": text}],
-        "_meta": {"runnerd/approval": pending},
-    }
-    schema = output_schema or {}
-    if set(schema) <= _OPEN_SCHEMA_KEYS and schema.get("type", "object") == "object":
-        found["structuredContent"] = pending
-    else:
-        found["isError"] = True
-    return types.CallToolResult.model_validate(found)
+    return types.CallToolResult.model_validate(
+        {"content": [{"type": "text", "text": text}], "isError": True,
+         "_meta": {"runnerd/approval": pending}}
+    )  # fmt: skip
 
 
 def _run_fields(run: CallResult) -> dict[str, Any]:
@@ -452,11 +452,11 @@ def _counted(exc: RunnerdError) -> ApiError:
 
 
 def _refused(exc: RunnerdError) -> types.CallToolResult:
-    """A refusal before any run: isError, with the API's code and reason."""
-    error = _counted(exc)
-    wire = _wire(error)
-    return types.CallToolResult(
-        content=[types.TextContent(text=f"Refused ({wire['reason']}): {error.message}")],
-        structured_content={"error": wire},
-        is_error=True,
-    )
+    """A refusal before any run: isError, no structuredContent (it would be checked
+    against the tool's output schema); the API's code, reason, message and details (a
+    bad field's pointer) as JSON text, and the same in ``_meta["runnerd/error"]``."""
+    wire = _wire(_counted(exc))
+    return types.CallToolResult.model_validate(
+        {"content": [{"type": "text", "text": json.dumps({"error": wire}, ensure_ascii=False)}],
+         "isError": True, "_meta": {"runnerd/error": wire}}
+    )  # fmt: skip
