@@ -51,6 +51,7 @@ __all__ = [
     "DuplicateSessionId",
     "EgressNotRequested",
     "EnvBuildFailed",
+    "HostNotAllowed",
     "IdempotencyConflict",
     "InputRejected",
     "InputTooLarge",
@@ -75,6 +76,7 @@ __all__ = [
     "NotAMember",
     "NotAnApprover",
     "NotReady",
+    "OriginNotAllowed",
     "PersonalKeyRequired",
     "RateLimited",
     "RequestHeadTooLarge",
@@ -722,6 +724,29 @@ class MissingWorkspace(RunnerdError):
 
     reason, status = "MISSING_WORKSPACE", 400
     default_message = "connect to /mcp?workspaceId=…: a session belongs to one workspace"
+
+
+class HostNotAllowed(RunnerdError):
+    """/mcp reached under a Host it does not serve (DNS-rebinding protection)."""
+
+    reason, status = "HOST_NOT_ALLOWED", 403
+    default_message = (
+        "this daemon does not serve /mcp under that Host: add it to allowed_hosts (or set "
+        "public_url)"
+    )
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"field": "Host"}
+
+
+class OriginNotAllowed(RunnerdError):
+    """/mcp from a browser page of another site (an Origin not allowed)."""
+
+    reason, status = "ORIGIN_NOT_ALLOWED", 403
+    default_message = "requests to /mcp from pages of another site are refused"
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"field": "Origin"}
 
 
 class DuplicateSessionId(RunnerdError):

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio.from_thread
 import httpx
@@ -138,7 +139,11 @@ def in_process(toolchain_dir: Path, **settings: str) -> Iterator[InProcess]:
     guard = data / "no-nsjail"
     guard.write_text(NO_NSJAIL)
     guard.chmod(0o755)
-    env = runnerd_env(data, toolchain_dir, {"warm_jails": "0", "nsjail": str(guard), **settings})
+    # The in-process URL's host is served (/mcp checks Host), unless a test says otherwise.
+    served = {"allowed_hosts": urlsplit(URL).hostname or ""}
+    env = runnerd_env(
+        data, toolchain_dir, {"warm_jails": "0", "nsjail": str(guard), **served, **settings}
+    )
     loaded = load_settings(env=env)
     store = Store.open(loaded, migrate=True)  # a new PostgreSQL database needs its schema
     try:

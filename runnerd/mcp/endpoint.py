@@ -9,6 +9,9 @@ Before the SDK sees a request, its body is checked as the API's are (api/reading
 POST is JSON-RPC, so ``application/json``, bounded, at most MAX_JSON_DEPTH levels around
 a tool's input, and no key twice in one object; a DELETE sends no body. The body read
 for that is handed on to the SDK as it came.
+
+First of all, the Host header and any Origin are checked (the MCP spec's DNS-rebinding
+rule): a page of another site that renamed its host to 127.0.0.1 reaches nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import msgspec
 from starlette.datastructures import Headers
@@ -24,14 +28,64 @@ from starlette.types import Message, Receive, Scope, Send
 from runnerd.api.errors import envelope, error_response
 from runnerd.api.reading import refuse_repeated_keys, require_json
 from runnerd.checks.nesting import nesting_over
-from runnerd.errors import BodyNotAllowed, BodyTooLarge, InvalidBody, McpStopping, RunnerdError
+from runnerd.errors import (
+    BodyNotAllowed,
+    BodyTooLarge,
+    HostNotAllowed,
+    InvalidBody,
+    McpStopping,
+    OriginNotAllowed,
+    RunnerdError,
+)
 from runnerd.limits import DECODE_INLINE_BYTES, MAX_CALL_BODY_BYTES, MAX_JSON_DEPTH, MAX_MCP_DEPTH
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState
+    from runnerd.config import Settings
     from runnerd.mcp.gateway import McpGateway
 
-__all__ = ["McpEndpoint"]
+__all__ = ["McpEndpoint", "served_hosts"]
+
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def served_hosts(settings: Settings) -> frozenset[str]:
+    """The host names /mcp answers under (lower case, no port): loopback, the bind
+    address, public_url's host and allowed_hosts ("*" among them: any)."""
+    names = set(_LOOPBACK) | {settings.host.lower().strip("[]")}
+    if settings.public_url:
+        names.add((urlsplit(settings.public_url).hostname or "").lower())
+    names.update(h.lower().strip("[]") for h in settings.allowed_hosts)
+    return frozenset(names)
+
+
+def _host_name(authority: str) -> str | None:
+    """The host of ``authority`` (host[:port], [v6][:port]), lower case; None when it is
+    not one."""
+    try:
+        parts = urlsplit(f"//{authority}")
+        name = parts.hostname
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        return None
+    return name.lower() if name else None
+
+
+def _check_origin(scope: Scope, served: frozenset[str]) -> None:
+    """HostNotAllowed unless Host names a served host; OriginNotAllowed when an Origin is
+    sent whose host is not one ("null" included)."""
+    if "*" in served:
+        return
+    headers = Headers(scope=scope)
+    host = _host_name(headers.get("host", ""))
+    if host is None or host not in served:
+        raise HostNotAllowed
+    origin = headers.get("origin")
+    if origin is not None:
+        parts = urlsplit(origin)
+        name = _host_name(parts.netloc) if parts.scheme in ("http", "https") else None
+        if name is None or name not in served:
+            raise OriginNotAllowed
 
 
 class _Disconnected(Exception):
@@ -104,6 +158,7 @@ class McpEndpoint:
         self._wanted = asyncio.Event()
         self._stop = asyncio.Event()
         self._gateway: asyncio.Future[McpGateway] | None = None
+        self._served: frozenset[str] | None = None
 
     @property
     def loaded(self) -> bool:
@@ -142,6 +197,9 @@ class McpEndpoint:
             await error_response(envelope(McpStopping()))(scope, receive, send)
             return
         try:
+            if self._served is None and self.state is not None:
+                self._served = served_hosts(self.state.settings)
+            _check_origin(scope, self._served or _LOOPBACK)
             receive = await _checked(scope, receive)
         except RunnerdError as exc:
             await error_response(envelope(exc))(scope, receive, send)

@@ -1,0 +1,72 @@
+"""/mcp's transport rules, through a real daemon and raw HTTP: the Host and Origin checks
+of the MCP spec's DNS-rebinding rule come before anything else (a refused one is 403
+with the header named, even without a key; a served one goes on to the key check)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from daemon import Daemon, running_daemon
+
+pytestmark = pytest.mark.jail
+
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def d(toolchain_dir: Path) -> Iterator[Daemon]:
+    with running_daemon(toolchain_dir, allowed_hosts="runnerd.corp.example") as daemon:
+        yield daemon
+
+
+def _post(d: Daemon, headers: dict[str, str], key: str | None = None) -> httpx.Response:
+    sent = {"Accept": "application/json, text/event-stream", **headers}
+    if key:
+        sent["Authorization"] = f"Bearer {key}"
+    return d.http.post(f"/mcp?workspaceId={d.workspace_id}", json=INIT, headers=sent)
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["evil.example", "127.0.0.1.evil.example", "localhost.evil.example:80", "", "a b", "[::2]"],
+)
+def test_a_host_not_served_is_refused_before_the_key(d: Daemon, host: str) -> None:
+    answer = _post(d, {"Host": host}, key=d.admin_key)
+    assert answer.status_code == 403, answer.text
+    error = answer.json()["error"]
+    assert error["details"] == {"code": "HOST_NOT_ALLOWED", "field": "Host"}, error
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1:8686", "localhost", "LOCALHOST:1", "[::1]:9", "runnerd.corp.example"]
+)
+def test_served_hosts_go_on_to_the_key_check(d: Daemon, host: str) -> None:
+    assert _post(d, {"Host": host}).status_code == 401
+
+
+@pytest.mark.parametrize(
+    "origin", ["http://evil.example", "null", "http://127.0.0.1.evil.example", "file://x"]
+)
+def test_a_page_of_another_site_is_refused(d: Daemon, origin: str) -> None:
+    answer = _post(d, {"Origin": origin}, key=d.admin_key)
+    assert answer.status_code == 403, answer.text
+    assert answer.json()["error"]["details"] == {"code": "ORIGIN_NOT_ALLOWED", "field": "Origin"}
+
+
+def test_an_allowed_origin_and_no_origin_are_served(d: Daemon) -> None:
+    for headers in ({"Origin": "http://localhost:5173"}, {}):
+        answer = _post(d, headers, key=d.admin_key)
+        assert answer.status_code == 200, answer.text
