@@ -4,12 +4,15 @@ with the header named, even without a key; a served one goes on to the key check
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from conftest import RUNNERD
 from daemon import Daemon, running_daemon
 
 pytestmark = pytest.mark.jail
@@ -70,3 +73,30 @@ def test_an_allowed_origin_and_no_origin_are_served(d: Daemon) -> None:
     for headers in ({"Origin": "http://localhost:5173"}, {}):
         answer = _post(d, headers, key=d.admin_key)
         assert answer.status_code == 200, answer.text
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [
+        ("rk_p_not-a-key", "401 UNAUTHORIZED"),
+        ("workspace", "403 WORKSPACE_KEY_NOT_ALLOWED"),
+    ],
+)
+def test_the_stdio_bridge_says_a_refused_key_in_one_line(d: Daemon, key: str, said: str) -> None:
+    if key == "workspace":
+        made = d.call("POST", f"/api/v2/workspaces/{d.workspace_id}/keys", d.admin_key,
+                      json={"kind": "workspace", "name": "bridge"})  # fmt: skip
+        assert made.status_code == 201, made.text
+        key = made.json()["apiKey"]
+    bridge = subprocess.run(
+        [RUNNERD, "mcp", "--url", d.url, "--workspace", d.workspace_id],
+        env={**os.environ, "RUNNERD_API_KEY": key},
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bridge.returncode == 1
+    lines = bridge.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"runnerd mcp: {said}: "), bridge.stderr
+    assert key not in bridge.stderr

@@ -103,5 +103,58 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    anyio.run(Bridge(url, key, workspace).serve)
+    refused = _refusal(url, key, workspace)
+    if refused is not None:
+        print(f"runnerd mcp: {refused}", file=sys.stderr)
+        return 1
+    try:
+        anyio.run(Bridge(url, key, workspace).serve)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # one line, not the SDK's task-group traceback
+        print(f"runnerd mcp: {_first_cause(exc)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _refusal(url: str, key: str, workspace: str) -> str | None:
+    """Why the daemon refuses this key at /mcp, as one line (None when it does not):
+    asked once before the bridge starts, so a bad key, a workspace key, a missing
+    scope or a wrong workspace is said plainly instead of failing inside MCP."""
+    import httpx
+
+    endpoint = f"{url.rstrip('/')}/mcp"
+    probe = {"jsonrpc": "2.0", "id": 0, "method": "ping"}
+    try:
+        answer = httpx.post(
+            endpoint,
+            params={"workspaceId": workspace},
+            json=probe,
+            headers={
+                "Authorization": f"Bearer {key}",
+                "Accept": "application/json, text/event-stream",
+            },
+            timeout=10,
+        )
+    except httpx.HTTPError as exc:
+        return f"cannot reach {endpoint}: {exc}"
+    try:
+        error = answer.json().get("error")
+    except ValueError:
+        error = None
+    if (
+        answer.status_code < 400
+        or not isinstance(error, dict)
+        or not isinstance(error.get("code"), str)
+    ):
+        return None  # MCP's own answer (a JSON-RPC error has a number): the key was let in
+    details = error.get("details") or {}
+    reason = details.get("code") or error.get("code")
+    return f"{answer.status_code} {reason}: {error['message']}"
+
+
+def _first_cause(exc: BaseException) -> str:
+    """The innermost error of an exception group, as ``Type: message``."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
