@@ -61,7 +61,7 @@ async def list_members(request: Request, state: AppState) -> Response:
 
 
 async def put_member(request: Request, state: AppState) -> Response:
-    _, workspace_id = await _admin(request, state, "apps:write")
+    caller, workspace_id = await _admin(request, state, "apps:write")
     body = await read_body(request, MemberBody, MAX_SMALL_BODY_BYTES)
     row = await state.store.io(
         add_member,
@@ -71,6 +71,8 @@ async def put_member(request: Request, state: AppState) -> Response:
         role=body.role,
         apps_access=body.apps_access,
         approver=body.approver,
+        actor_user_id=caller.user_id,
+        actor_key_id=caller.key.id,
     )
     return json_response(_member_info(row))
 
@@ -80,7 +82,11 @@ async def remove_member(request: Request, state: AppState) -> Response:
     user_id = str(request.path_params["userId"])
     store = state.store
     removed = await store.io(
-        store.remove_member, workspace_id, user_id, actor_user_id=caller.user_id
+        store.remove_member,
+        workspace_id,
+        user_id,
+        actor_user_id=caller.user_id,
+        actor_key_id=caller.key.id,
     )
     if not removed:
         raise MemberNotFound
@@ -126,6 +132,8 @@ async def create_key(request: Request, state: AppState) -> Response:
         scopes=scopes,
         name=body.name,
         audit_workspace_id=workspace_id,
+        actor_user_id=caller.user_id,
+        actor_key_id=caller.key.id,
     )
     row = next(
         r for r in await store.io(store.keys_of_workspace, workspace_id) if r["id"] == record.id

@@ -38,6 +38,8 @@ def add_member(
     role: Role | None = None,
     apps_access: bool | None = None,
     approver: bool | None = None,
+    actor_user_id: str | None = None,
+    actor_key_id: str | None = None,
 ) -> dict[str, object]:
     """Put the person of ``email`` (known from now on, if new) in the workspace with this
     role, Apps access and approver flag; their row among the workspace's ``members``. A
@@ -47,7 +49,13 @@ def add_member(
         raise InvalidEmail(MAX_EMAIL_CHARS)
     user = store.ensure_user(email)
     store.set_membership(
-        workspace_id, user.id, role=role, apps_access=apps_access, approver=approver
+        workspace_id,
+        user.id,
+        role=role,
+        apps_access=apps_access,
+        approver=approver,
+        actor_user_id=actor_user_id,
+        actor_key_id=actor_key_id,
     )
     return next(r for r in store.members(workspace_id) if r["user_id"] == user.id)
 

@@ -61,6 +61,8 @@ class PeopleStore(AuditStore):
         role: Role | None = None,
         apps_access: bool | None = None,
         approver: bool | None = None,
+        actor_user_id: str | None = None,
+        actor_key_id: str | None = None,
     ) -> MembershipRecord:
         """Add a person to a workspace, or change their role, Apps-module access or
         approver flag (who may approve write calls from relays). LastAdmin when that
@@ -85,6 +87,8 @@ class PeopleStore(AuditStore):
             self._append_audit(
                 "member.set",
                 workspace_id=workspace_id,
+                actor_user_id=actor_user_id,
+                actor_key_id=actor_key_id,
                 detail={
                     "userId": user_id,
                     "role": new_role,
@@ -97,7 +101,12 @@ class PeopleStore(AuditStore):
         return found
 
     def remove_member(
-        self, workspace_id: str, user_id: str, *, actor_user_id: str | None = None
+        self,
+        workspace_id: str,
+        user_id: str,
+        *,
+        actor_user_id: str | None = None,
+        actor_key_id: str | None = None,
     ) -> bool:
         """Take a person out of a workspace (audited); False if they were not in it. Their
         keys stay (a personal key acts in each workspace of its person), but nothing of
@@ -116,6 +125,7 @@ class PeopleStore(AuditStore):
                     "member.remove",
                     workspace_id=workspace_id,
                     actor_user_id=actor_user_id,
+                    actor_key_id=actor_key_id,
                     detail={"userId": user_id},
                 )
         return bool(cur.rowcount)
@@ -150,9 +160,12 @@ class PeopleStore(AuditStore):
         scopes: tuple[str, ...] = (),
         name: str = "",
         audit_workspace_id: str | None = None,
+        actor_user_id: str | None = None,
+        actor_key_id: str | None = None,
     ) -> tuple[KeyRecord, str]:
         """A new API key; returns the record and the plaintext, which is never stored.
-        ``audit_workspace_id`` files the audit entry of a personal key under a workspace."""
+        ``audit_workspace_id`` files the audit entry of a personal key under a workspace;
+        the entry's actor is ``actor_user_id`` (who made it; the holder when None)."""
         plaintext = f"rk_{kind[0]}_{secrets.token_urlsafe(30)}"
         record = KeyRecord(
             id=new_id("key"),
@@ -177,9 +190,11 @@ class PeopleStore(AuditStore):
             self._append_audit(
                 "key.create",
                 workspace_id=workspace_id or audit_workspace_id,
-                actor_user_id=user_id,
+                actor_user_id=actor_user_id or user_id,
+                actor_key_id=actor_key_id,
                 detail={
                     "keyId": record.id,
+                    "userId": user_id,
                     "kind": kind,
                     "scopes": list(scopes),
                     "prefix": record.prefix,

@@ -79,12 +79,22 @@ class SessionsStore(AuditStore):
                    VALUES (?, ?, ?, ?, ?, ?, ?)""",
                 [digest, record.id, user_id, record.csrf, utc_now(), record.expires_at, key_id],
             )
-            self._append_audit(
-                "session.create",
-                actor_user_id=user_id,
-                actor_key_id=key_id,
-                detail={"sessionId": record.id, "via": via},
-            )
+            # One entry in each workspace of the person: a session acts in all of them.
+            workspaces: list[str | None] = [
+                str(r[0])
+                for r in self.db.execute(
+                    "SELECT workspace_id FROM memberships WHERE user_id = ? ORDER BY 1",
+                    [user_id],
+                ).fetchall()
+            ]
+            for workspace_id in workspaces or [None]:
+                self._append_audit(
+                    "session.create",
+                    workspace_id=workspace_id,
+                    actor_user_id=user_id,
+                    actor_key_id=key_id,
+                    detail={"sessionId": record.id, "via": via},
+                )
         return record, secret
 
     def find_session(self, secret: str) -> SessionRecord | None:
