@@ -18,6 +18,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from conftest import RUNNERD, AppDir, tool_doc
 from daemon import Daemon, Runnerd, running_daemon
+from test_governance import audit
 
 pytestmark = pytest.mark.jail
 # The tests on the module's daemon run on both stores.
@@ -78,16 +79,6 @@ def _run(work: Callable[[], Awaitable[Any]]) -> Any:
     return asyncio.run(work())
 
 
-def _audit(daemon: Daemon, action: str) -> list[dict[str, Any]]:
-    found = daemon.call(
-        "GET",
-        "/api/v2/audit",
-        daemon.admin_key,
-        params={"workspaceId": daemon.workspace_id, "action": action, "limit": 1000},
-    )
-    return list(found.json()["data"])
-
-
 def test_the_mcp_sdk_loads_at_the_first_mcp_request(toolchain_dir: Path) -> None:
     """An install that never speaks MCP never pays for the SDK (most of an idle daemon's
     memory): it is not in the process until a chat agent connects, then it serves."""
@@ -120,7 +111,7 @@ def test_call_returns_structured_content_and_is_audited_as_chat(
     run_id = result.meta["runnerd/run"]["runId"]
     run = daemon.call("GET", f"/api/v2/runs/{run_id}", daemon.admin_key).json()["run"]
     assert run["surface"] == "chat" and run["userEmail"] == "ada@example.com"
-    [entry] = [e for e in _audit(daemon, "tool.run") if e["detail"].get("runId") == run_id]
+    [entry] = [e for e in audit(daemon, action="tool.run") if e["detail"].get("runId") == run_id]
     assert entry["surface"] == "chat" and entry["actorUserId"] == run["userId"]
 
 
@@ -195,8 +186,8 @@ def test_a_write_tool_asks_and_runs_only_when_accepted(
     accepted = _run(lambda: call(True, 9))
     assert accepted.is_error is not True and accepted.structured_content == {"posted": 9}
     assert runs() == before + 1
-    assert len(_audit(daemon, "approval.deny")) >= 2  # declined, and not ticked
-    assert len(_audit(daemon, "approval.approve")) >= 1
+    assert len(audit(daemon, action="approval.deny")) >= 2  # declined, and not ticked
+    assert len(audit(daemon, action="approval.approve")) >= 1
 
 
 def test_a_client_without_elicitation_gets_a_pending_approval(

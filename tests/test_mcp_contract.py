@@ -26,7 +26,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from daemon import Runnerd
 from inproc import CLIENT, InProcess
-from test_mcp import EXAMPLE, HANDSHAKE, OFFER, _audit, ship_apps
+from test_governance import audit
+from test_mcp import EXAMPLE, HANDSHAKE, OFFER, ship_apps
 
 # The tests run on both stores.
 BACKENDS = ("sqlite", "postgresql")
@@ -417,7 +418,7 @@ def test_revoking_a_key_ends_its_mcp_sessions_and_streams(
     assert seen == ["open 200", "ended"]
     assert _on_session(d, key, session_id, "POST").status_code == 401
     assert _on_session(d, d.admin_key, session_id, "POST").status_code == 404
-    [entry] = [e for e in _audit(d, "key.revoke") if e["detail"]["keyId"] == key_id]
+    [entry] = [e for e in audit(d, action="key.revoke") if e["detail"]["keyId"] == key_id]
     assert entry["actorUserId"] is not None
 
 

@@ -12,6 +12,7 @@ from runnerd.api.bodies import ApprovalInfo, ApprovalList, wire_view
 from runnerd.api.ops import WORKSPACE, Op, Param, json_response, query_param
 from runnerd.api.state import AppState
 from runnerd.errors import InvalidQuery
+from runnerd.govern.approvals import Approvals
 from runnerd.limits import MAX_ID_CHARS
 from runnerd.store import ApprovalRow
 
@@ -31,16 +32,16 @@ async def list_approvals(request: Request, state: AppState) -> Response:
     assert workspace_id is not None
     caller = await caller_of(request, state, "api:read")
     caller.need_person()
-    await caller.member(state.store, workspace_id, role="member")
+    member = await caller.member(state.store, workspace_id, role="member")
     await state.governor.approvals.expire()
     status = request.query_params.get("status") or None
     if status is not None and status not in _STATUSES:
         raise InvalidQuery("status", f"status is one of {', '.join(_STATUSES)}")
     rows = await state.store.io(state.store.list_approvals, workspace_id, status)
-    approvals, user_id = state.governor.approvals, caller.principal().user_id
+    user_id = caller.principal().user_id
     data = [
         _approval_info(
-            a, may_decide=a.status == "pending" and await approvals.may_decide(a, user_id)
+            a, may_decide=a.status == "pending" and Approvals.decides(a, user_id, member)
         )
         for a in rows
     ]

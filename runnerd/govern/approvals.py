@@ -30,7 +30,7 @@ from runnerd.govern.idempotency import request_hash
 from runnerd.govern.results import Pending
 from runnerd.ids import new_id
 from runnerd.model import Surface
-from runnerd.store import ApprovalRow, InstallRecord, Store, ToolRecord
+from runnerd.store import ApprovalRow, InstallRecord, MembershipRecord, Store, ToolRecord
 from runnerd.vault import Vault
 
 __all__ = ["APPROVAL_SURFACES", "Approvals", "CallOf", "Held", "sealed_name"]
@@ -123,12 +123,22 @@ class Approvals:
         )
         return Pending(approval.id, approval.expires_at)
 
-    async def may_decide(self, approval: ApprovalRow, user_id: str) -> bool:
-        """From chat, the person who asked decides; from a relay, an approver (or admin)."""
+    @staticmethod
+    def decides(approval: ApprovalRow, user_id: str, member: MembershipRecord | None) -> bool:
+        """From chat, the person who asked decides; from a relay, an approver (or admin):
+        ``member`` is the standing of ``user_id`` in the approval's workspace."""
         if approval.surface == "chat":
             return approval.requested_by == user_id
-        member = await self.store.io(self.store.membership, approval.workspace_id, user_id)
         return member is not None and (member.approver or member.role == "admin")
+
+    async def may_decide(self, approval: ApprovalRow, user_id: str) -> bool:
+        """Whether ``user_id`` may decide ``approval`` (``decides``, their standing read)."""
+        member = (
+            None
+            if approval.surface == "chat"
+            else await self.store.io(self.store.membership, approval.workspace_id, user_id)
+        )
+        return self.decides(approval, user_id, member)
 
     async def decide(
         self, approval_id: str, *, approve: bool, who: Principal, call: CallOf | None = None

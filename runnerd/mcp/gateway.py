@@ -333,10 +333,7 @@ class McpGateway:
             found["run"] |= {"output": None, "error": None}
         text = json.dumps(found, ensure_ascii=False)
         if run.status != "succeeded":  # an error result: the same, without structuredContent
-            return types.CallToolResult.model_validate(
-                {"content": [{"type": "text", "text": text}], "isError": True,
-                 "_meta": {"runnerd/approval": found}}
-            )  # fmt: skip
+            return _error_result(text, {"runnerd/approval": found})
         return types.CallToolResult(
             content=[types.TextContent(text=text)], structured_content=found
         )
@@ -366,14 +363,21 @@ def _confirm_form(asking: _Asking) -> types.ElicitRequestFormParams:
     )
 
 
-def _declined(said: str, approval_id: str) -> types.CallToolResult:
-    """A confirmation that did not approve: isError, nothing ran, no structuredContent;
-    the approval's id and status in ``_meta["runnerd/approval"]``."""
+def _error_result(text: str, meta: dict[str, Any]) -> types.CallToolResult:
+    """An ``isError`` result: ``text``, and ``meta`` as its ``_meta``; never
+    structuredContent, which a client would check against the tool's output schema."""
     return types.CallToolResult.model_validate(
-        {"content": [{"type": "text", "text": f"{said}: the call did not run ({approval_id})."}],
-         "isError": True,
-         "_meta": {"runnerd/approval": {"status": "declined", "approvalId": approval_id}}}
-    )  # fmt: skip
+        {"content": [{"type": "text", "text": text}], "isError": True, "_meta": meta}
+    )
+
+
+def _declined(said: str, approval_id: str) -> types.CallToolResult:
+    """A confirmation that did not approve: nothing ran; the approval's id and status in
+    ``_meta["runnerd/approval"]``."""
+    return _error_result(
+        f"{said}: the call did not run ({approval_id}).",
+        {"runnerd/approval": {"status": "declined", "approvalId": approval_id}},
+    )
 
 
 def _pending(state: AppState, held: Pending) -> types.CallToolResult:
@@ -395,10 +399,7 @@ def _pending(state: AppState, held: Pending) -> types.CallToolResult:
         f"{url} (or through the API); the call runs once approved. Read its outcome with "
         f"{APPROVAL_TOOL} and this approvalId."
     )
-    return types.CallToolResult.model_validate(
-        {"content": [{"type": "text", "text": text}], "isError": True,
-         "_meta": {"runnerd/approval": pending}}
-    )  # fmt: skip
+    return _error_result(text, {"runnerd/approval": pending})
 
 
 def _run_fields(run: CallResult) -> dict[str, Any]:
@@ -421,10 +422,7 @@ def _result(run: CallResult) -> types.CallToolResult:
             {"content": [{"type": "text", "text": text}], "structuredContent": run.output,
              "_meta": meta}
         )  # fmt: skip
-    return types.CallToolResult.model_validate(
-        {"content": [{"type": "text", "text": f"The run {run.status}: {run.error}"}],
-         "isError": True, "_meta": meta}
-    )  # fmt: skip
+    return _error_result(f"The run {run.status}: {run.error}", meta)
 
 
 def _wire(exc: ApiError) -> dict[str, Any]:
@@ -456,7 +454,4 @@ def _refused(exc: RunnerdError) -> types.CallToolResult:
     against the tool's output schema); the API's code, reason, message and details (a
     bad field's pointer) as JSON text, and the same in ``_meta["runnerd/error"]``."""
     wire = _wire(_counted(exc))
-    return types.CallToolResult.model_validate(
-        {"content": [{"type": "text", "text": json.dumps({"error": wire}, ensure_ascii=False)}],
-         "isError": True, "_meta": {"runnerd/error": wire}}
-    )  # fmt: skip
+    return _error_result(json.dumps({"error": wire}, ensure_ascii=False), {"runnerd/error": wire})
