@@ -356,7 +356,7 @@ def _mcp_stream(daemon: Daemon, key: str, source: str) -> tuple[httpx.Client, ht
         base_url=daemon.url,
         transport=httpx.HTTPTransport(local_address=source),
         limits=httpx.Limits(max_connections=1),
-        timeout=httpx.Timeout(10, read=1),
+        timeout=10,
     )
     url = f"/mcp?workspaceId={daemon.workspace_id}"
     headers = {"Authorization": f"Bearer {key}", "Mcp-Protocol-Version": "2025-11-25"}
@@ -371,11 +371,18 @@ def _mcp_stream(daemon: Daemon, key: str, source: str) -> tuple[httpx.Client, ht
         },
     }
     opened = client.post(
-        url, json=init, headers={**headers, "Accept": "application/json, text/event-stream"}
+        url,
+        json=init,
+        headers={**headers, "Accept": "application/json, text/event-stream"},
     )
     assert opened.status_code == 200, opened.text
     headers |= {"Accept": "text/event-stream", "Mcp-Session-Id": opened.headers["mcp-session-id"]}
-    stream = client.send(client.build_request("GET", url, headers=headers), stream=True)
+    # A 1 s read timeout on the stream alone (_stream_ended reads it); a loaded machine
+    # may take longer than that to open the session.
+    stream = client.send(
+        client.build_request("GET", url, headers=headers, timeout=httpx.Timeout(10, read=1)),
+        stream=True,
+    )
     assert stream.status_code == 200, stream.read()
     return client, stream
 
