@@ -43,6 +43,13 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Host header values /mcp and OAuth accept (DNS-rebinding protection), besides the
     # loopback names and the host of public_url; "*" accepts any.
     allowed_hosts: tuple[str, ...] = ()
+    # OAuth for MCP clients (docs/MCP.md): how long an access token lasts (seconds) and a
+    # refresh token (days); whether a Client ID Metadata Document may be fetched from a
+    # loopback address over plain http (tests, and a client on this host only: off, every
+    # document is fetched over https from a public address).
+    oauth_access_token_s: int = 3600
+    oauth_refresh_token_days: int = 30
+    oauth_allow_loopback_clients: bool = False
     # Node.js that runs JS/TS tools and the upload checks: a path, or a name on PATH.
     node: str = "node"
     # Python that runs Python tools; default: the daemon's own, if jails can read it.
@@ -80,6 +87,13 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Rate limit per API key: a token bucket refilled at rate_limit_per_second.
     rate_limit_per_second: float = 20.0
     rate_limit_burst: int = 40
+    # MCP sessions (the 2025 handshake era's Mcp-Session-Id) a node keeps open: per person
+    # (over all their keys and workspaces) and per workspace; past a cap the least recently
+    # used is ended (docs/MCP.md, *Sessions*). A session with no request and no stream open
+    # for mcp_session_idle_s ends.
+    mcp_sessions_per_person: int = 100
+    mcp_sessions_per_workspace: int = 1_000
+    mcp_session_idle_s: float = 1_800.0
     log_level: str = "info"
     # "text", or "json": one JSON object a line, with the request id (X-Request-Id).
     log_format: str = "text"
@@ -99,6 +113,9 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     node_lease_s: float = 15.0
     # Write calls from chat and relays wait for approval this long before expiring.
     approval_ttl_s: int = 900
+    # A workspace's webhook (an approval waits): the first retry of a failed delivery
+    # after this long, each next one after twice as long (5 tries: about 2 minutes).
+    webhook_retry_s: float = 8.0
     # A repeated Idempotency-Key returns the first run's result within this time.
     idempotency_ttl_s: int = 86_400
     # Outputs kept in memory (never on disk) for GET /runs/{id} and idempotent replays.
@@ -266,6 +283,16 @@ def load_settings(
             raise ConfigError(
                 f"invalid setting {name}: {getattr(settings, name)} (1 to {L.MAX_HTTP_CONNECTIONS})"
             )
+    for name in ("mcp_sessions_per_person", "mcp_sessions_per_workspace"):
+        if not 1 <= getattr(settings, name) <= L.MAX_MCP_SESSIONS:
+            raise ConfigError(
+                f"invalid setting {name}: {getattr(settings, name)} (1 to {L.MAX_MCP_SESSIONS})"
+            )
+    if not 0 < settings.mcp_session_idle_s <= L.MAX_MCP_SESSION_IDLE_S:  # NaN fails this too
+        raise ConfigError(
+            f"invalid setting mcp_session_idle_s: {settings.mcp_session_idle_s} "
+            f"(0 to {L.MAX_MCP_SESSION_IDLE_S} s)"
+        )
     try:
         parse_networks(settings.egress_allow_networks)
     except ValueError as exc:

@@ -59,6 +59,7 @@ __all__ = [
     "InsufficientRole",
     "InsufficientScope",
     "InvalidApiKey",
+    "InvalidApprovalRule",
     "InvalidBody",
     "InvalidEgress",
     "InvalidIdempotencyKey",
@@ -68,6 +69,7 @@ __all__ = [
     "InvalidSecretName",
     "InvalidSecretValue",
     "InvalidSignIn",
+    "InvalidWebhookUrl",
     "KeyNotFound",
     "McpStopping",
     "MemberNotFound",
@@ -76,6 +78,7 @@ __all__ = [
     "NotAMember",
     "NotAnApprover",
     "NotReady",
+    "OAuthRequestNotFound",
     "OriginNotAllowed",
     "PersonalKeyRequired",
     "RateLimited",
@@ -97,6 +100,7 @@ __all__ = [
     "VersionExists",
     "VersionNotFound",
     "VersionNotPublished",
+    "WebhookNotFound",
     "WorkspaceKeyNotAllowed",
     "WorkspaceNotFound",
 ]
@@ -456,6 +460,14 @@ class ApprovalUnavailable(RunnerdError):
     """An approval that cannot be decided or run; the subclasses say why."""
 
 
+class OAuthRequestNotFound(RunnerdError):
+    """No such OAuth authorization request waiting for consent: decided already, or
+    expired (10 minutes); the client must start again."""
+
+    reason, status = "OAUTH_REQUEST_NOT_FOUND", 404
+    default_message = "This sign-in request was decided already or has expired: start again"
+
+
 class ApprovalNotFound(ApprovalUnavailable):
     """No such approval, or one in a workspace the caller is not in."""
 
@@ -491,6 +503,36 @@ class AskerNoLongerAllowed(ApprovalUnavailable):
     """The person who made the call may no longer run tools in the workspace."""
 
     reason, status = "ASKER_NO_LONGER_ALLOWED", 409
+
+
+class InvalidApprovalRule(RunnerdError):
+    """An approval rule that names no role and no person, or a person who is not in the
+    workspace (``details.field`` names the part)."""
+
+    reason, status = "INVALID_APPROVAL_RULE", 400
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"field": self.field}
+
+
+class InvalidWebhookUrl(RunnerdError):
+    """A webhook URL that is not http(s), or that reaches this daemon itself."""
+
+    reason, status = "INVALID_WEBHOOK_URL", 400
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"field": "url"}
+
+
+class WebhookNotFound(RunnerdError):
+    """The workspace has no webhook."""
+
+    reason, status = "WEBHOOK_NOT_FOUND", 404
+    default_message = "This workspace has no webhook"
 
 
 # --- secrets --------------------------------------------------------------------------------
@@ -768,6 +810,24 @@ class McpStopping(RunnerdError):
 
     reason, status = "SERVICE_UNAVAILABLE", 503
     default_message = "runnerd is stopping"
+
+
+class McpSessionsFull(RunnerdError):
+    """No room for another MCP session: every session of the workspace is in use (or the
+    person opens their cap's worth at once). A person's own cap never refuses: it ends
+    their least recently used session (mcp/sessions.py)."""
+
+    reason, status, retry_after_s = "MCP_SESSIONS_FULL", 503, 5
+
+    def __init__(self, scope: str) -> None:
+        self.scope = scope  # "workspace" or "person": whose sessions are all in use
+        super().__init__(
+            f"every MCP session of this {scope} on this node is in use; end one (DELETE "
+            "/mcp), or try again when one ends"
+        )
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"scope": self.scope}
 
 
 # --- the CLI's client -----------------------------------------------------------------------

@@ -166,11 +166,23 @@ MAX_HTTP_CONNECTIONS: Final = 1_000_000
 # --- MCP ------------------------------------------------------------------------------------
 
 MCP_REVOCATION_CHECK_S: Final = 1.0  # runnerd: open sessions and streams vs. revoked keys
+# The MCP SDK's own shared cap on open sessions (its DEFAULT_MAX_SESSIONS), the last guard
+# behind the per-person and per-workspace caps (the mcp_sessions_* settings); their bound.
+MAX_MCP_SESSIONS: Final = 10_000
+# runnerd: a session's idle expiry at most a day: an idle session holds ~40 KB (issue 24:
+# 9,880 sessions grew the daemon from 90 to 464 MB).
+MAX_MCP_SESSION_IDLE_S: Final = 86_400
+# runnerd: how long tools/list_changed may wait on one session's stream before it is dropped.
+MCP_NOTIFY_TIMEOUT_S: Final = 2.0
 
 # --- The daemon's start and stop ------------------------------------------------------------
 
 WARM_START_WAIT_S: Final = 10  # runnerd: /readyz waits this long at start for warm jails
 APPROVAL_EXPIRY_EVERY_S: Final = 5  # runnerd: approvals past their time expire this often
+WEBHOOK_TRIES: Final = 5  # runnerd: a webhook delivery is tried 5 times (Stripe-like backoff)
+WEBHOOK_TIMEOUT_S: Final = 10.0  # runnerd: one delivery attempt's answer, at most
+WEBHOOK_MAX_PENDING: Final = 1_000  # runnerd: deliveries waiting at once; past it, dropped (logged)
+MAX_WEBHOOK_URL_CHARS: Final = 2_048  # runnerd: a URL, not a document
 # runnerd: at shutdown, how long approved runs still going (in tasks) are waited for.
 APPROVED_RUNS_DRAIN_S: Final = 30
 

@@ -390,6 +390,7 @@ def test_every_route_answers_errors_in_the_envelope(app_daemon: InProcess) -> No
             workspaceId="ws_x",
             keyId="key_x",
             userId="usr_x",
+            requestId="oar_x",
         )
         allowed = {o.method for o in OPS if o.path == op.path}
         wrong = next(m for m in ("PATCH", "DELETE", "PUT") if m not in allowed)

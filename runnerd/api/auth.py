@@ -3,7 +3,8 @@
 Kinds of key:
 - personal: acts as its person, in every workspace the person belongs to;
 - token: a personal key limited to its scopes (``api:read``, ``tools:run``,
-  ``apps:write``);
+  ``apps:write``); an OAuth access token (api/oauth.py) is one bound to one workspace,
+  that expires;
 - workspace: acts for a workspace, not a person. Seed 000: tool endpoints refuse it,
   "because a tool always runs for a person whose access can be checked". It may list,
   deploy and publish apps (a CI pipeline's key), nothing else.
@@ -39,19 +40,37 @@ from runnerd.store import InstallRecord, KeyRecord, MembershipRecord, SessionRec
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState
+    from runnerd.config import Settings
 
 __all__ = [
+    "OAUTH_SCOPES",
+    "RESOURCE_METADATA_PATH",
     "Caller",
     "authenticate",
     "bearer_or_key",
     "caller_of",
     "install_for",
     "install_of",
+    "oauth_challenge",
     "session_key",
 ]
 
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# OAuth (runnerd/oauth, api/oauth.py): the scopes a client may be granted, and where the
+# protected resource's metadata is; here, for /mcp's 401 too (runnerd/mcp/sessions.py).
+OAUTH_SCOPES = ("api:read", "tools:run")
+RESOURCE_METADATA_PATH = "/.well-known/oauth-protected-resource"
+
+
+def oauth_challenge(settings: Settings, *, scope_missing: bool = False) -> str:
+    """The WWW-Authenticate of a 401 from /mcp: where an OAuth client finds how to get a
+    token (RFC 9728 §5.1); of a 403 for a token without ``tools:run``, that it needs it."""
+    error = 'error="insufficient_scope", ' if scope_missing else ""
+    return (
+        f'Bearer {error}resource_metadata="{settings.public_base}{RESOURCE_METADATA_PATH}/mcp", '
+        f'scope="{" ".join(OAUTH_SCOPES)}"'
+    )
 
 
 class _InWorkspace(Protocol):
@@ -99,6 +118,8 @@ class Caller:
                 return None
             raise InsufficientRole
         assert self.key.user_id is not None
+        if self.key.workspace_id is not None and self.key.workspace_id != workspace_id:
+            raise InsufficientRole  # a token bound to one workspace (OAuth) acts there only
         found = await store.io(store.membership, workspace_id, self.key.user_id)
         if not has_role(found, role, apps=apps):
             raise InsufficientRole
@@ -109,6 +130,8 @@ class Caller:
         workspace key: it is that workspace's key), whatever its role."""
         if self.key.kind == "workspace":
             return self.key.workspace_id == workspace_id
+        if self.key.workspace_id is not None and self.key.workspace_id != workspace_id:
+            return False  # a token bound to one workspace (OAuth) sees that one only
         return self.key.user_id is not None and (
             store.membership(workspace_id, self.key.user_id) is not None
         )
@@ -155,11 +178,12 @@ async def caller_of(request: Request, state: AppState, scope: str) -> Caller:
 async def authenticate(
     request: Request, store: Store, cookies: CookieSigner | None = None
 ) -> Caller:
-    """The caller of ``request``: its X-API-Key header, else its session cookie (with the
+    """The caller of ``request``: its key (``Authorization: Bearer …`` or X-API-Key),
+    else its session cookie (with the
     session's CSRF token on any request that changes state); 401 if neither is valid.
     Nothing is cached: the key, or the session and the key it was signed in with, are
     looked up on every request, and roles are checked afresh by ``Caller.member``."""
-    plaintext = request.headers.get("x-api-key", "").strip()
+    plaintext = bearer_or_key(request)  # an OAuth client sends its token as Bearer
     if plaintext:
         key = await store.io(store.find_key, plaintext)
         if key is None:

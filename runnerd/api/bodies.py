@@ -287,10 +287,59 @@ class ApprovalInfo(_Wire):
     app_slug: str | None = None
     version: str | None = None
     may_decide: bool | None = None
+    # Only to the people who may decide it, while it is pending: the asker's email, the
+    # held input (opened from its sealed copy; never in the audit or a log) and the
+    # tool's input schema at the version it was held for (to render the input with).
+    requested_by_email: str | msgspec.UnsetType = msgspec.UNSET
+    input: Any | msgspec.UnsetType = msgspec.UNSET
+    input_schema: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ApprovalList(_Wire):
     data: list[ApprovalInfo]
+
+
+class ApprovalRuleBody(_Wire):
+    """Who approves an app's write calls from a relay: these roles, and these people
+    (user ids of the workspace's members); at least one of the two."""
+
+    roles: Annotated[list[Literal["admin", "builder", "member"]], msgspec.Meta(max_length=3)] = []
+    user_ids: Annotated[
+        list[Annotated[str, msgspec.Meta(min_length=1, max_length=64)]],
+        msgspec.Meta(max_length=200),
+    ] = []
+
+
+class ApprovalRuleInfo(_Wire):
+    app_slug: str
+    roles: list[Role]
+    user_ids: list[str]
+    updated_at: str
+    updated_by: str | None
+
+
+class ApprovalRuleList(_Wire):
+    data: list[ApprovalRuleInfo]
+
+
+class WebhookBody(_Wire):
+    """The workspace's webhook: an http(s) URL; ``newSecret`` makes a new signing secret
+    (a new webhook always gets one)."""
+
+    url: Annotated[str, msgspec.Meta(min_length=8, max_length=2048)]
+    new_secret: bool = False
+
+
+class WebhookInfo(_Wire):
+    url: str
+    created_at: str
+    updated_at: str
+    # The signing secret, in the answer that made it only; never again.
+    secret: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class WebhookDeleted(_Wire):
+    deleted: bool
 
 
 class EgressUse(_Wire, omit_defaults=True):

@@ -15,6 +15,7 @@ from runnerd.api import apps as apps_ops
 from runnerd.api import budgets as budgets_ops
 from runnerd.api import health as health_ops
 from runnerd.api import ledger as ledger_ops
+from runnerd.api import oauth as oauth_ops
 from runnerd.api import people as people_ops
 from runnerd.api import runs as runs_ops
 from runnerd.api import secrets as secrets_ops
@@ -40,6 +41,7 @@ OPS: list[Op] = [
     *ledger_ops.OPS,
     *approvals_ops.OPS,
     *signin_ops.OPS,
+    *oauth_ops.OPS,
     *people_ops.OPS,
     *health_ops.OPS,
     Op(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runnerd.api.auth import Caller, caller_of, install_for
+from runnerd.api.auth import Caller, authenticate, caller_of, install_for
 from runnerd.api.bodies import (
     InputVerdict,
     PendingApproval,
@@ -18,7 +21,14 @@ from runnerd.api.bodies import (
 from runnerd.api.ops import INSTALL_ID, WORKSPACE, Op, Param, json_response, query_param
 from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
-from runnerd.errors import InstallNotFound, InsufficientRole
+from runnerd.errors import (
+    InstallNotFound,
+    InsufficientRole,
+    InsufficientScope,
+    RateLimited,
+    RunnerdError,
+    WorkspaceKeyNotAllowed,
+)
 from runnerd.govern.admission import may_run
 from runnerd.govern.results import Pending
 from runnerd.limits import MAX_CALL_BODY_BYTES, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_SLUG_CHARS
@@ -92,15 +102,55 @@ async def _run(
     )
 
 
-async def _caller_for_run(request: Request, state: AppState) -> Caller:
-    caller = await caller_of(request, state, "tools:run")
-    caller.need_person()
+# The install a run route names, if the caller sees it (None otherwise): in a store hop.
+_Find = Callable[[Caller], InstallRecord | None]
+
+
+async def _caller_for_run(request: Request, state: AppState, find: _Find) -> Caller:
+    """The caller of a run: a person (not a workspace key) whose key may run tools, in
+    caller_of's order (401, 403, 429). Either refusal is audited as a refusal of the call
+    (``tool.refuse``, as the governor files every refusal once the install is known) when
+    the install ``find`` finds is one the caller sees; a token's missing scope only while
+    its key has a rate-limit token to spend, so refusals cannot flood the trail."""
+    caller = await authenticate(request, state.store, state.signer)
+    try:
+        caller.need_scope("tools:run")
+    except InsufficientScope as exc:
+        with contextlib.suppress(RateLimited):
+            state.limiter.take(caller.key.id)
+            await _audit_refused(request, state, caller, find, exc)
+        raise
+    state.limiter.take(caller.key.id)
+    try:
+        caller.need_person()
+    except WorkspaceKeyNotAllowed as exc:
+        await _audit_refused(request, state, caller, find, exc)
+        raise
     return caller
 
 
+async def _audit_refused(
+    request: Request, state: AppState, caller: Caller, find: _Find, exc: RunnerdError
+) -> None:
+    install = await state.store.io(find, caller)
+    if install is not None:
+        await state.governor.refused_caller(
+            exc,
+            install,
+            str(request.path_params["toolName"]),
+            user_id=caller.user_id,
+            key_id=caller.key.id,
+        )
+
+
 async def run_tool(request: Request, state: AppState) -> Response:
-    caller = await _caller_for_run(request, state)
     store = state.store
+
+    def find(caller: Caller) -> InstallRecord | None:
+        install = store.get_install(request.path_params["installId"])
+        return install if install and caller.sees(store, install.workspace_id) else None
+
+    caller = await _caller_for_run(request, state, find)
     install = await caller.visible(
         store, store.get_install, request.path_params["installId"], InstallNotFound
     )
@@ -113,7 +163,14 @@ async def run_by_reference(request: Request, state: AppState) -> Response:
     workspace's install of the app is found first, only for someone in the workspace."""
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
-    caller = await _caller_for_run(request, state)
+    store = state.store
+
+    def find(caller: Caller) -> InstallRecord | None:
+        if not caller.sees(store, workspace_id):
+            return None
+        return store.install_of_app(workspace_id, request.path_params["appSlug"])
+
+    caller = await _caller_for_run(request, state, find)
     member = await caller.member(state.store, workspace_id, role="viewer", apps=False)
     install = await state.store.io(
         state.store.install_of_app, workspace_id, request.path_params["appSlug"]

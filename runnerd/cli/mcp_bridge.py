@@ -5,7 +5,9 @@ Tools, calls and confirmations pass through unchanged: a write tool's
 ``InputRequiredResult`` goes to the agent, and its answer back to the daemon, which
 decides. An agent that cannot elicit is forwarded on a connection that says so, and gets
 the daemon's pending-approval result. Tool-list changes the daemon announces are
-announced to the agent too.
+announced to the agent too, in its revision: ``notifications/tools/list_changed`` on the
+pipe for a 2025-era agent (the handshake says ``tools.listChanged``), on its
+``subscriptions/listen`` stream from 2026-07-28.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import mcp_types as types
 from mcp import Client
 from mcp.client.session import ElicitationFnT
 from mcp.client.streamable_http import streamable_http_client
-from mcp.server.lowlevel.server import Server
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -42,6 +45,7 @@ class Bridge:
         self.api_key = api_key
         self.bus = InMemorySubscriptionBus()
         self.upstream: dict[bool, Client] = {}  # by whether the agent can elicit
+        self.agent: ServerSession | None = None  # the agent's session, once initialized
 
     def _client(self, eliciting: bool) -> Client:
         http = create_mcp_http_client(headers={"Authorization": f"Bearer {self.api_key}"})
@@ -67,12 +71,20 @@ class Bridge:
             allow_input_required=True,
         )
 
+    async def initialized(self, ctx: Any, params: types.NotificationParams) -> None:
+        """The agent finished its handshake (the 2025 eras): it may be told of changes."""
+        self.agent = ctx.session
+
     async def relay_changes(self) -> None:
-        """Announce the daemon's tool-list changes to the agent."""
+        """Announce the daemon's tool-list changes to the agent: on its listen stream
+        (2026-07-28), or as a notification on the pipe (the 2025 eras; the SDK drops that
+        one on a 2026-07-28 connection, which has the listen stream instead)."""
         with contextlib.suppress(Exception):
             async with self.upstream[False].listen(tools_list_changed=True) as events:
                 async for _ in events:
                     await self.bus.publish(ToolsListChanged())
+                    if self.agent is not None:
+                        await self.agent.send_tool_list_changed()
 
     async def serve(self) -> None:
         server: Server[Any] = Server(
@@ -82,13 +94,17 @@ class Bridge:
             on_call_tool=self.call_tool,
             on_subscriptions_listen=ListenHandler(self.bus),
         )
+        server.add_notification_handler(
+            "notifications/initialized", types.NotificationParams, self.initialized
+        )
+        options = server.create_initialization_options(NotificationOptions(tools_changed=True))
         async with contextlib.AsyncExitStack() as stack:
             for eliciting in (False, True):
                 self.upstream[eliciting] = await stack.enter_async_context(self._client(eliciting))
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self.relay_changes)
                 async with stdio_server() as (read, write):
-                    await server.run(read, write, server.create_initialization_options())
+                    await server.run(read, write, options)
                 tasks.cancel_scope.cancel()
 
 

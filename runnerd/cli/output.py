@@ -7,6 +7,8 @@ import argparse
 import contextlib
 import io
 import json
+import os
+import pwd
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from runnerd.store import Store
 
 __all__ = [
+    "cli_actor",
     "egress_lines",
     "line_printer",
     "output",
@@ -31,6 +34,19 @@ __all__ = [
     "settings_from_args",
     "store_from_args",
 ]
+
+
+def cli_actor() -> str:
+    """Who an action taken from the host's CLI (``runnerd admin …``, on the data dir) is
+    filed under in the audit trail, as its ``actorUserId``: ``cli:`` and the Unix user
+    running the command (its uid when the user has no name). No key acts: its
+    ``actorKeyId`` is null."""
+    uid = os.geteuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    return f"cli:{name}"
 
 
 # Characters a terminal acts on instead of showing: C0 controls but newline and tab, DEL,

@@ -1,6 +1,8 @@
 """``runnerd admin`` for people and keys, on the data dir: bootstrap, add-person,
 set-role, create-key, token, workspace-key, login-link and revoke-key. The rules are
-govern/people.py's, the API's own; a refusal prints the API's message and exits 1."""
+govern/people.py's, the API's own; a refusal prints the API's message and exits 1. Each
+action is audited as the host's (``cli:<unix user>``, output.cli_actor), in the
+workspaces it concerns."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from runnerd.cli.output import output, settings_from_args, store_from_args
+from runnerd.cli.output import cli_actor, output, settings_from_args, store_from_args
 from runnerd.errors import InvalidEmail, InvalidScopes, LastAdmin, NotAMember, RunnerdError
 from runnerd.govern.people import add_member, bootstrap, key_holder, token_scopes
 from runnerd.roles import ROLES, SCOPES
@@ -31,26 +33,31 @@ def _refused(exc: RunnerdError) -> int:
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
-    made = bootstrap(store_from_args(args), args.workspace, args.email)
+    made = bootstrap(store_from_args(args), args.workspace, args.email, actor_user_id=cli_actor())
     result = {"workspaceId": made.workspace_id, "userId": made.user_id, "apiKey": made.api_key}
     sys.stdout.write(json.dumps(result) + "\n")
     return 0
 
 
-def _member(args: argparse.Namespace) -> tuple[Store, str, str, dict[str, Any]]:
+def _member(
+    args: argparse.Namespace, *, members_only: bool = False
+) -> tuple[Store, str, str, dict[str, Any]]:
     """The person of --email put in --workspace with the flags given (the others kept):
-    the store, the workspace, their email and their membership as the commands print it."""
+    the store, the workspace, their email and their membership as the commands print it.
+    ``members_only`` (set-role): a person not in the workspace is refused, not added."""
     store = store_from_args(args)
     ws = _workspace(store, args.workspace)
     try:
         row = add_member(
             store, ws, args.email, role=args.role, apps_access=args.apps_access,
-            approver=args.approver,
+            approver=args.approver, actor_user_id=cli_actor(), members_only=members_only,
         )  # fmt: skip
     except InvalidEmail as exc:
         raise SystemExit(f"runnerd: --email: {exc}") from None
     except LastAdmin as exc:
         raise SystemExit(f"runnerd: {exc}") from None
+    except NotAMember as exc:
+        raise SystemExit(f"runnerd: {exc} (runnerd admin add-person)") from None
     member = {
         "userId": str(row["user_id"]),
         "role": row["role"],
@@ -64,7 +71,10 @@ def cmd_add_person(args: argparse.Namespace) -> int:
     store, ws, email, member = _member(args)
     if args.key:
         _, member["apiKey"] = store.create_key(
-            kind="personal", user_id=member["userId"], audit_workspace_id=ws
+            kind="personal",
+            user_id=member["userId"],
+            audit_workspace_id=ws,
+            actor_user_id=cli_actor(),
         )
     return output(
         args,
@@ -78,7 +88,7 @@ def cmd_add_person(args: argparse.Namespace) -> int:
 
 
 def cmd_set_role(args: argparse.Namespace) -> int:
-    _, _, email, member = _member(args)
+    _, _, email, member = _member(args, members_only=True)
     return output(
         args,
         member,
@@ -87,7 +97,7 @@ def cmd_set_role(args: argparse.Namespace) -> int:
 
 
 def _new_key(args: argparse.Namespace, store: Store, **kw: Any) -> int:
-    record, key = store.create_key(name=args.name or "", **kw)
+    record, key = store.create_key(name=args.name or "", actor_user_id=cli_actor(), **kw)
     return output(
         args,
         {"keyId": record.id, "apiKey": key, "kind": record.kind, "scopes": list(record.scopes)},
@@ -131,7 +141,7 @@ def cmd_login_link(args: argparse.Namespace) -> int:
     if user is None:
         print(f"runnerd: no person with the email {args.email}", file=sys.stderr)
         return 1
-    token = store.create_login_link(user.id, ttl_s=LOGIN_LINK_TTL_S)
+    token = store.create_login_link(user.id, ttl_s=LOGIN_LINK_TTL_S, actor_user_id=cli_actor())
     base = args.url or f"http://{settings.host}:{settings.port}"
     link = f"{base.rstrip('/')}/login#token={token}"
     return output(
@@ -142,7 +152,7 @@ def cmd_login_link(args: argparse.Namespace) -> int:
 
 
 def cmd_revoke_key(args: argparse.Namespace) -> int:
-    done = store_from_args(args).revoke_key(args.key_id)
+    done = store_from_args(args).revoke_key(args.key_id, actor_user_id=cli_actor())
     if not done:
         print(f"runnerd: no live key {args.key_id}", file=sys.stderr)
         return 1
@@ -181,7 +191,7 @@ def _member_parser(
             "--approver",
             action=argparse.BooleanOptionalAction,
             default=None,
-            help="may approve write calls from relays",
+            help="may approve write calls from relays (of apps without an approval rule)",
         )
         if name == "add-person":
             p.add_argument("--key", action="store_true", help="also create a personal key")

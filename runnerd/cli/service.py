@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from runnerd.cli.output import output
+from runnerd.cli.output import cli_actor, output
 from runnerd.govern.people import bootstrap
 from runnerd.store import Store
 
@@ -53,7 +53,7 @@ def cmd_service_install(args: argparse.Namespace) -> int:
                 f"runnerd: {data_dir} has a workspace already; not bootstrapping", file=sys.stderr
             )
         else:
-            made = bootstrap(store, args.workspace, args.bootstrap_email)
+            made = bootstrap(store, args.workspace, args.bootstrap_email, actor_user_id=cli_actor())
             result.update(workspaceId=made.workspace_id, userId=made.user_id, apiKey=made.api_key)
         store.close()
     return output(

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runnerd.cli.output import output, settings_from_args, store_from_args
+from runnerd.cli.output import cli_actor, output, settings_from_args, store_from_args
 from runnerd.errors import BackupError
 from runnerd.store import DB_FILENAME, Store
 
@@ -166,10 +166,14 @@ def cmd_rotate_key(args: argparse.Namespace) -> int:
         named = sealed_name(approval_id)
         value = old.open(install_id, named, kid, nonce, ct)
         held.append((approval_id, install_id, *new.seal(install_id, named, value)))
+    hooks = []  # the webhooks' signing secrets
+    for workspace_id, named, kid, nonce, ct in store.sealed_webhooks():
+        value = old.open(workspace_id, named, kid, nonce, ct)
+        hooks.append((workspace_id, *new.seal(workspace_id, named, value)))
     # The new key is safe on disk before any row needs it; rows switch in one transaction.
     pending = settings.secrets_key_path.with_name(settings.secrets_key_path.name + ".new")
     write_key_file(pending, key)
-    store.reseal_all(resealed, new.key_id, held)
+    store.reseal_all(resealed, new.key_id, held, actor_user_id=cli_actor(), webhooks=hooks)
     os.replace(pending, settings.secrets_key_path)
     return output(
         args,

@@ -26,6 +26,7 @@ from runnerd.daemon.lifespan import lifespan
 from runnerd.daemon.metrics_route import metrics
 from runnerd.daemon.middleware import AnswerFirst, RequestIds, SecurityHeaders
 from runnerd.mcp.endpoint import McpEndpoint
+from runnerd.oauth import oauth_routes
 from runnerd.run.runtimes import Runtimes
 from runnerd.web.pages import web_routes
 
@@ -97,6 +98,7 @@ def create_app(
     routes: list[BaseRoute] = [Route(op.path, _endpoint(op), methods=[op.method]) for op in OPS]
     routes += web_routes()
     routes.append(Route("/mcp", gateway, methods=["GET", "POST", "DELETE"]))
+    routes += oauth_routes()
     routes.append(Route("/metrics", metrics, methods=["GET"]))
     return Starlette(
         routes=routes,

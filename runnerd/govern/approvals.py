@@ -27,10 +27,18 @@ from runnerd.errors import (
 )
 from runnerd.govern.admission import Principal, may_run, require_budget
 from runnerd.govern.idempotency import request_hash
+from runnerd.govern.notify import Notifier
 from runnerd.govern.results import Pending
 from runnerd.ids import new_id
 from runnerd.model import Surface
-from runnerd.store import ApprovalRow, InstallRecord, MembershipRecord, Store, ToolRecord
+from runnerd.store import (
+    ApprovalRow,
+    ApprovalRule,
+    InstallRecord,
+    MembershipRecord,
+    Store,
+    ToolRecord,
+)
 from runnerd.vault import Vault
 
 __all__ = ["APPROVAL_SURFACES", "Approvals", "CallOf", "Held", "sealed_name"]
@@ -83,6 +91,8 @@ class Approvals:
     store: Store
     ttl_s: int
     vault: Vault
+    # Tells the workspace's webhook that an approval waits (off the call's path).
+    notifier: Notifier | None = None
 
     @staticmethod
     def needed(tool: ToolRecord, surface: Surface) -> bool:
@@ -121,24 +131,53 @@ class Approvals:
             key_id=held.who.key_id,
             workflow_run_id=held.workflow_run_id,
         )
+        if self.notifier is not None:
+            self.notifier.approval_waiting(approval, install.app_slug)
         return Pending(approval.id, approval.expires_at)
 
     @staticmethod
-    def decides(approval: ApprovalRow, user_id: str, member: MembershipRecord | None) -> bool:
-        """From chat, the person who asked decides; from a relay, an approver (or admin):
+    def decides(
+        approval: ApprovalRow,
+        user_id: str,
+        member: MembershipRecord | None,
+        rule: ApprovalRule | None = None,
+    ) -> bool:
+        """From chat, the person who asked decides; from a relay, the roles and people of
+        the app's approval rule (``rule``) when it has one, else an approver (or admin):
         ``member`` is the standing of ``user_id`` in the approval's workspace."""
         if approval.surface == "chat":
             return approval.requested_by == user_id
-        return member is not None and (member.approver or member.role == "admin")
+        if member is None:
+            return False
+        if rule is not None:
+            return rule.allows(user_id, member.role)
+        return member.approver or member.role == "admin"
+
+    def _standing(
+        self, approval: ApprovalRow, user_id: str
+    ) -> tuple[MembershipRecord | None, ApprovalRule | None]:
+        return (
+            self.store.membership(approval.workspace_id, user_id),
+            self.store.approval_rule_of_install(approval.install_id),
+        )
 
     async def may_decide(self, approval: ApprovalRow, user_id: str) -> bool:
-        """Whether ``user_id`` may decide ``approval`` (``decides``, their standing read)."""
-        member = (
-            None
-            if approval.surface == "chat"
-            else await self.store.io(self.store.membership, approval.workspace_id, user_id)
-        )
-        return self.decides(approval, user_id, member)
+        """Whether ``user_id`` may decide ``approval`` (``decides``, their standing and
+        the app's rule read)."""
+        if approval.surface == "chat":
+            return self.decides(approval, user_id, None)
+        member, rule = await self.store.io(self._standing, approval, user_id)
+        return self.decides(approval, user_id, member, rule)
+
+    def held_input(self, approval: ApprovalRow) -> tuple[bool, Any]:
+        """(True, the input) a pending approval holds, for the people who may decide it
+        (the caller checks that); (False, None) when it holds none, or none that opens."""
+        if approval.status != "pending":
+            return False, None
+        try:
+            return True, self._unseal(approval).value
+        except ApprovalRequestLost:
+            return False, None
 
     async def decide(
         self, approval_id: str, *, approve: bool, who: Principal, call: CallOf | None = None
@@ -169,7 +208,8 @@ class Approvals:
             raise ApprovalOfAnotherCall("the confirmation does not match this call")
         if not await self.may_decide(approval, who.user_id):
             raise NotAnApprover(
-                "from chat only the person who asked decides; from a relay, an approver",
+                "from chat only the person who asked decides; from a relay, the people the "
+                "app's approval rule names, else an approver or an admin",
             )
         held: Held | None = None
         if approve and approval.status == "pending":

@@ -30,6 +30,7 @@ from runnerd.errors import (
 from runnerd.govern.admission import Principal, RunGate, require_runner
 from runnerd.govern.approvals import Approvals, CallOf, Held
 from runnerd.govern.idempotency import IdempotencyKeys, check_key, request_hash
+from runnerd.govern.notify import Notifier
 from runnerd.govern.results import CallResult, Pending, ResultCache
 from runnerd.ids import new_id
 from runnerd.limits import MAX_CALL_WAIT_S
@@ -94,7 +95,9 @@ class Governor:
             pipeline=pipeline,
             vault=vault,
             gate=RunGate(settings.max_concurrent_runs, settings.max_queued_runs),
-            approvals=Approvals(store, settings.approval_ttl_s, vault),
+            approvals=Approvals(
+                store, settings.approval_ttl_s, vault, Notifier(store, vault, settings)
+            ),
             idempotency=IdempotencyKeys(store, settings.idempotency_ttl_s),
             results=ResultCache(
                 settings.result_cache_mb << 20,
@@ -194,7 +197,8 @@ class Governor:
         with its reason and surface: the same entry whichever surface made the call."""
         await self._refusal_entry(
             exc,
-            who,
+            who.user_id,
+            who.key_id,
             workspace_id=install.workspace_id,
             install_id=install.id,
             version_id=install.version_id,
@@ -202,15 +206,42 @@ class Governor:
             surface=surface,
         )
 
-    async def _refusal_entry(self, exc: RunnerdError, who: Principal, **fields: Any) -> None:
-        """The one ``tool.refuse`` entry: the refusal's reason, who was refused, and
-        ``fields`` (what was refused: workspace, install, version, tool, surface…)."""
+    async def refused_caller(
+        self,
+        exc: RunnerdError,
+        install: InstallRecord,
+        tool_name: str,
+        *,
+        user_id: str | None,
+        key_id: str,
+    ) -> None:
+        """Audit a call of ``install``'s tool refused before it reached ``call``, for the
+        key that made it (a token without the scope to run tools, a workspace key, which
+        runs nothing), as the same ``tool.refuse`` entry as every refusal after the
+        install is known; its body was not read, so the entry names no surface. The
+        surface audits only a refusal on an install the caller sees."""
+        await self._refusal_entry(
+            exc,
+            user_id,
+            key_id,
+            workspace_id=install.workspace_id,
+            install_id=install.id,
+            version_id=install.version_id,
+            tool=tool_name,
+        )
+
+    async def _refusal_entry(
+        self, exc: RunnerdError, user_id: str | None, key_id: str | None, **fields: Any
+    ) -> None:
+        """The one ``tool.refuse`` entry: the refusal's reason, who was refused (the
+        person, the key), and ``fields`` (what was refused: workspace, install, version,
+        tool, surface…)."""
         if exc.reason is not None:
             await self.store.io(
                 self.store.audit,
                 "tool.refuse",
-                actor_user_id=who.user_id,
-                actor_key_id=who.key_id,
+                actor_user_id=user_id,
+                actor_key_id=key_id,
                 reason=exc.reason,
                 **fields,
             )
@@ -517,7 +548,8 @@ class Governor:
             return
         await self._refusal_entry(
             exc,
-            who,
+            who.user_id,
+            who.key_id,
             workspace_id=approval.workspace_id,
             install_id=approval.install_id,
             version_id=approval.version_id,
@@ -551,6 +583,9 @@ class Governor:
                 )
 
     async def drain(self, timeout: float) -> None:
-        """Wait for approved runs still going (at shutdown)."""
+        """Wait for approved runs still going (at shutdown); webhook deliveries still
+        waiting are dropped."""
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=timeout)
+        if self.approvals.notifier is not None:
+            await self.approvals.notifier.close()

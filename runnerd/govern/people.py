@@ -40,13 +40,20 @@ def add_member(
     approver: bool | None = None,
     actor_user_id: str | None = None,
     actor_key_id: str | None = None,
+    members_only: bool = False,
 ) -> dict[str, object]:
     """Put the person of ``email`` (known from now on, if new) in the workspace with this
     role, Apps access and approver flag; their row among the workspace's ``members``. A
-    flag left None keeps what they have (a newcomer: member, no Apps access, no approver)."""
+    flag left None keeps what they have (a newcomer: member, no Apps access, no approver).
+    ``members_only`` (``runnerd admin set-role``) changes a person of the workspace only:
+    NotAMember naming them otherwise, and nobody is added."""
     email = email.strip()
     if len(email) > MAX_EMAIL_CHARS or not re.fullmatch(EMAIL_PATTERN, email):
         raise InvalidEmail(MAX_EMAIL_CHARS)
+    if members_only and not any(
+        m["email"].lower() == email.lower() for m in store.members(workspace_id)
+    ):
+        raise NotAMember(email, f"workspace {workspace_id}")
     user = store.ensure_user(email)
     store.set_membership(
         workspace_id,
@@ -103,15 +110,24 @@ class Bootstrapped(NamedTuple):
     api_key: str  # their personal key's plaintext, shown once
 
 
-def bootstrap(store: Store, name: str, email: str) -> Bootstrapped:
+def bootstrap(
+    store: Store, name: str, email: str, *, actor_user_id: str | None = None
+) -> Bootstrapped:
     """A new workspace ``name`` with the person of ``email`` as its admin (Apps access
     on) and a personal key of theirs named bootstrap, filed under the workspace: what
-    ``runnerd admin bootstrap`` and ``service install --bootstrap-email`` make. The key's
-    plaintext is only in the answer."""
-    workspace = store.create_workspace(name)
-    admin = add_member(store, workspace.id, email, role="admin", apps_access=True)
+    ``runnerd admin bootstrap`` and ``service install --bootstrap-email`` make, audited
+    as done by ``actor_user_id`` (the CLI's ``cli:<user>``). The key's plaintext is only
+    in the answer."""
+    workspace = store.create_workspace(name, actor_user_id=actor_user_id)
+    admin = add_member(
+        store, workspace.id, email, role="admin", apps_access=True, actor_user_id=actor_user_id
+    )
     user_id = str(admin["user_id"])
     _, key = store.create_key(
-        kind="personal", user_id=user_id, name="bootstrap", audit_workspace_id=workspace.id
+        kind="personal",
+        user_id=user_id,
+        name="bootstrap",
+        audit_workspace_id=workspace.id,
+        actor_user_id=actor_user_id,
     )
     return Bootstrapped(workspace.id, user_id, key)

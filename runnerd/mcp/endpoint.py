@@ -38,6 +38,7 @@ from runnerd.errors import (
     RunnerdError,
 )
 from runnerd.limits import DECODE_INLINE_BYTES, MAX_CALL_BODY_BYTES, MAX_JSON_DEPTH, MAX_MCP_DEPTH
+from runnerd.mcp import RPC_METHOD
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState
@@ -108,7 +109,9 @@ async def _read(receive: Receive, limit: int) -> bytes:
             return bytes(data)
 
 
-def _check_json_rpc(raw: bytes) -> None:
+def _check_json_rpc(raw: bytes) -> str | None:
+    """Refuse a body MCP must not read; the method it asks for (None for a notification,
+    a response, or something that is no JSON-RPC request)."""
     if nesting_over(raw, MAX_MCP_DEPTH) is not None:
         raise InvalidBody(
             f"request body is nested deeper than {MAX_JSON_DEPTH} levels around the input"
@@ -116,12 +119,15 @@ def _check_json_rpc(raw: bytes) -> None:
     # One reading for every reader: UTF-8 JSON, as the API takes (a UTF-16 or UTF-32 body,
     # a BOM, a lone surrogate: the SDK's parser reads them, and would read keys twice).
     try:
-        msgspec.json.decode(raw)
+        message = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError):
         raise InvalidBody(
             "request body is not JSON in UTF-8 (no byte order mark, no lone surrogate)"
         ) from None
     refuse_repeated_keys(raw)
+    if isinstance(message, dict) and "id" in message and isinstance(message.get("method"), str):
+        return str(message["method"])
+    return None
 
 
 async def _checked(scope: Scope, receive: Receive) -> Receive:
@@ -133,9 +139,10 @@ async def _checked(scope: Scope, receive: Receive) -> Receive:
         require_json(Headers(scope=scope))
         body = await _read(receive, MAX_CALL_BODY_BYTES)
         if len(body) <= DECODE_INLINE_BYTES:
-            _check_json_rpc(body)
+            method = _check_json_rpc(body)
         else:
-            await asyncio.to_thread(_check_json_rpc, body)
+            method = await asyncio.to_thread(_check_json_rpc, body)
+        scope[RPC_METHOD] = method  # what the session guard counts (mcp/sessions.py)
     else:
         body = await _read(receive, 0)
     replayed = False

@@ -22,8 +22,10 @@ back. Who may talk MCP, and the sessions they open, are mcp/sessions.py's.
   that says the call waits, with the approval id, its expiry and the Manage page's
   URL (also in ``_meta["runnerd/approval"]``); someone decides through the API or the
   Manage page, and ``runnerd.approval`` reads the outcome.
-- Installing, switching or rolling back publishes ``notifications/tools/list_changed``
-  to the sessions listening (``subscriptions/listen``).
+- Installing, switching or rolling back sends ``notifications/tools/list_changed``: in
+  the 2025 eras on each initialized session's GET stream (the handshake announces
+  ``tools.listChanged``), from 2026-07-28 to the streams listening
+  (``subscriptions/listen``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
-from mcp.server.lowlevel.server import Server
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.server.transport_security import TransportSecuritySettings
@@ -61,6 +65,7 @@ from runnerd.errors import (
 from runnerd.govern.admission import Principal
 from runnerd.govern.approvals import CallOf
 from runnerd.govern.results import CallResult, Pending, may_see_output
+from runnerd.limits import MAX_MCP_SESSIONS
 from runnerd.mcp.sessions import SessionGuard, authorize
 
 if TYPE_CHECKING:
@@ -86,13 +91,31 @@ def mcp_name(app_slug: str, tool: str) -> str:
     return f"{app_slug}{SEPARATOR}{tool}"
 
 
+class _Server(Server[Any]):
+    """The lowlevel server, whose handshake says ``tools.listChanged``: the 2025 eras are
+    told on their session's stream when tools change (from 2026-07-28 the SDK derives it
+    from ``subscriptions/listen``, which is served)."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True),
+            experimental_capabilities,
+            extensions,
+        )
+
+
 class McpGateway:
     """The MCP server of the daemon, behind its session guard, and its tools-changed bus."""
 
     def __init__(self, state: AppState) -> None:
         self.state = state
         self.bus = InMemorySubscriptionBus()
-        self.server: Server[Any] = Server(
+        self.server: Server[Any] = _Server(
             "runnerd",
             version=__version__,
             instructions=INSTRUCTIONS,
@@ -100,9 +123,15 @@ class McpGateway:
             on_call_tool=self._call_tool,
             on_subscriptions_listen=ListenHandler(self.bus),
         )
+        # A 2025-era session is told of tool changes once its client is initialized.
+        self.server.add_notification_handler(
+            "notifications/initialized", types.NotificationParams, self._initialized
+        )
         # The key on every request is the protection; no cookie is ever honoured here.
         self.server.streamable_http_app(
-            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False)
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            session_idle_timeout=state.settings.mcp_session_idle_s,
+            max_sessions=MAX_MCP_SESSIONS,  # the last guard, behind the guard's caps
         )
         manager = self.server.session_manager
         self.guard = SessionGuard(
@@ -121,7 +150,16 @@ class McpGateway:
                 tasks.cancel_scope.cancel()
 
     async def tools_changed(self) -> None:
-        await self.bus.publish(ToolsListChanged())
+        await self.bus.publish(ToolsListChanged())  # 2026-07-28: subscriptions/listen
+        await self.guard.tools_changed()  # the 2025 eras: each session's GET stream
+
+    async def _initialized(self, ctx: Any, params: types.NotificationParams) -> None:
+        """``notifications/initialized`` of a 2025-era session: from now on it is sent
+        ``notifications/tools/list_changed`` (on its standalone channel, the GET stream)."""
+        if isinstance(ctx.request, Request):
+            session_id = ctx.request.headers.get(MCP_SESSION_ID_HEADER)
+            if session_id:
+                self.guard.listens(session_id, ctx.session)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.guard(scope, receive, send)

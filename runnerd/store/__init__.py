@@ -7,12 +7,14 @@ database is always at one exact version. Stored app versions
 are immutable: triggers refuse any UPDATE or DELETE of a version or its tools.
 """
 
+from runnerd.store.approval_rules import ApprovalRule, ApprovalRulesStore, WebhookRow
 from runnerd.store.approvals import ApprovalRow, ApprovalsStore
 from runnerd.store.apps import AppsStore
 from runnerd.store.audit import AuditEntry
 from runnerd.store.core import DB_FILENAME
 from runnerd.store.idempotency import IdempotencyStore
 from runnerd.store.nodes import NodesStore
+from runnerd.store.oauth import OAuthStore
 from runnerd.store.people import PeopleStore
 from runnerd.store.records import (
     AppRecord,
@@ -35,6 +37,7 @@ __all__ = [
     "MIGRATIONS",
     "AppRecord",
     "ApprovalRow",
+    "ApprovalRule",
     "AuditEntry",
     "BudgetStatus",
     "InstallRecord",
@@ -46,6 +49,7 @@ __all__ = [
     "ToolRecord",
     "UserRecord",
     "VersionRecord",
+    "WebhookRow",
     "WorkspaceRecord",
     "hash_key",
     "month_end",
@@ -60,8 +64,10 @@ class Store(
     RunsStore,
     SecretsStore,
     ApprovalsStore,
+    ApprovalRulesStore,
     IdempotencyStore,
     SessionsStore,
+    OAuthStore,
 ):
     """The database of one runnerd install. Code on the event loop calls it through
     ``io`` (inline on SQLite, on a worker thread on PostgreSQL)."""

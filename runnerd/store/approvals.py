@@ -44,6 +44,11 @@ class ApprovalRow(msgspec.Struct, frozen=True):
     version: str | None = None
 
 
+_WITH_APP = """SELECT a.*, p.slug AS app_slug, v.version AS version FROM approvals a
+               LEFT JOIN app_versions v ON v.id = a.version_id
+               LEFT JOIN apps p ON p.id = v.app_id"""
+
+
 class ApprovalsStore(AuditStore):
     def create_approval(
         self,
@@ -95,6 +100,7 @@ class ApprovalsStore(AuditStore):
                 tool=tool,
                 surface=surface,
                 actor_user_id=requested_by,
+                actor_key_id=key_id,
                 detail={"approvalId": row.id},
             )
         return row
@@ -108,13 +114,15 @@ class ApprovalsStore(AuditStore):
         row = self.db.execute("SELECT count(*) FROM approvals WHERE status = 'pending'").fetchone()
         return int(row[0])
 
+    def find_approval(self, approval_id: str) -> ApprovalRow | None:
+        """One approval with its app's slug and version, as list_approvals reads them."""
+        rows = list(self.db.query(_WITH_APP + " WHERE a.id = ?", [approval_id]))
+        return ApprovalRow(**rows[0]) if rows else None
+
     def list_approvals(self, workspace_id: str, status: str | None = None) -> list[ApprovalRow]:
         """Approvals of a workspace, newest first, with their app's slug and version
         (expire_approvals first to see expiries)."""
-        sql = """SELECT a.*, p.slug AS app_slug, v.version AS version FROM approvals a
-                 LEFT JOIN app_versions v ON v.id = a.version_id
-                 LEFT JOIN apps p ON p.id = v.app_id
-                 WHERE a.workspace_id = ?"""
+        sql = _WITH_APP + " WHERE a.workspace_id = ?"
         args: list[str] = [workspace_id]
         if status:
             sql, args = sql + " AND a.status = ?", [*args, status]

@@ -124,6 +124,25 @@ class AuditStore(StoreBase):
         with self._write():
             return self._append_audit(action, **fields)
 
+    def _append_audit_for_person(
+        self, user_id: str | None, action: str, *, workspace_id: str | None = None, **fields: Any
+    ) -> None:
+        """Append ``action`` in ``workspace_id``, or with none named, once in each workspace
+        of the person ``user_id`` (what acts in all of them: a personal key made or revoked
+        on the host, a sign-in, a sign-out), or once with no workspace if they have none;
+        inside the caller's write transaction."""
+        workspaces: list[str | None] = [workspace_id] if workspace_id is not None else []
+        if workspace_id is None and user_id is not None:
+            workspaces = [
+                str(r[0])
+                for r in self.db.execute(
+                    "SELECT workspace_id FROM memberships WHERE user_id = ? ORDER BY 1",
+                    [user_id],
+                ).fetchall()
+            ]
+        for found in workspaces or [None]:
+            self._append_audit(action, workspace_id=found, **fields)
+
     def audit_entries(
         self,
         *,

@@ -15,6 +15,8 @@ TABLES = (
     "workspaces", "users", "memberships", "api_keys", "apps", "app_versions", "tools",
     "publications", "installs", "runs", "install_secrets", "budgets", "budget_usage",
     "ledger", "audit", "approvals", "idempotency", "login_links", "web_sessions",
+    "approval_rules", "workspace_webhooks",
+    "oauth_clients", "oauth_requests", "oauth_codes", "oauth_refresh_tokens",
 )  # fmt: skip
 
 

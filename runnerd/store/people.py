@@ -20,11 +20,16 @@ from runnerd.store.records import KeyRecord, MembershipRecord, UserRecord, Works
 class PeopleStore(AuditStore):
     # --- People and keys --------------------------------------------------------------------
 
-    def create_workspace(self, name: str) -> WorkspaceRecord:
+    def create_workspace(self, name: str, *, actor_user_id: str | None = None) -> WorkspaceRecord:
         record = WorkspaceRecord(id=new_id("ws"), name=name, created_at=utc_now())
         with self._write():
             self.db.insert("workspaces", msgspec.structs.asdict(record))
-            self._append_audit("workspace.create", workspace_id=record.id, detail={"name": name})
+            self._append_audit(
+                "workspace.create",
+                workspace_id=record.id,
+                actor_user_id=actor_user_id,
+                detail={"name": name},
+            )
         return record
 
     def get_workspace(self, workspace_id: str) -> WorkspaceRecord | None:
@@ -164,7 +169,8 @@ class PeopleStore(AuditStore):
         actor_key_id: str | None = None,
     ) -> tuple[KeyRecord, str]:
         """A new API key; returns the record and the plaintext, which is never stored.
-        ``audit_workspace_id`` files the audit entry of a personal key under a workspace;
+        ``audit_workspace_id`` files the audit entry of a personal key under a workspace
+        (with none, it is filed in each workspace of its holder: it acts in all of them);
         the entry's actor is ``actor_user_id`` (who made it; the holder when None)."""
         plaintext = f"rk_{kind[0]}_{secrets.token_urlsafe(30)}"
         record = KeyRecord(
@@ -187,7 +193,8 @@ class PeopleStore(AuditStore):
                     "revoked_at": None,
                 },
             )
-            self._append_audit(
+            self._append_audit_for_person(
+                user_id,
                 "key.create",
                 workspace_id=workspace_id or audit_workspace_id,
                 actor_user_id=actor_user_id or user_id,
@@ -206,8 +213,9 @@ class PeopleStore(AuditStore):
         """The live key whose hash matches, or None."""
         rows = list(
             self.db.query(
-                "SELECT * FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL",
-                [hash_key(plaintext)],
+                """SELECT * FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL
+                   AND (expires_at IS NULL OR expires_at > ?)""",
+                [hash_key(plaintext), utc_now()],
             )
         )
         if not rows:
@@ -254,10 +262,11 @@ class PeopleStore(AuditStore):
                 """SELECT k.id, k.kind, k.user_id, u.email, k.workspace_id, k.scopes, k.name,
                           k.prefix, k.created_at
                    FROM api_keys k LEFT JOIN users u ON u.id = k.user_id
-                   WHERE k.revoked_at IS NULL AND (k.workspace_id = ? OR k.user_id IN
-                         (SELECT user_id FROM memberships WHERE workspace_id = ?))
+                   WHERE k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > ?)
+                     AND (k.workspace_id = ? OR (k.workspace_id IS NULL AND k.user_id IN
+                         (SELECT user_id FROM memberships WHERE workspace_id = ?)))
                    ORDER BY k.created_at""",
-                [workspace_id, workspace_id],
+                [utc_now(), workspace_id, workspace_id],
             )
         )
 
@@ -278,8 +287,10 @@ class PeopleStore(AuditStore):
             rows = self.db.execute(
                 f"""SELECT k.id, m.workspace_id FROM api_keys k
                     JOIN memberships m ON m.user_id = k.user_id
-                    WHERE k.revoked_at IS NULL AND k.id IN ({", ".join("?" * len(chunk))})""",
-                chunk,
+                    WHERE k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > ?)
+                      AND (k.workspace_id IS NULL OR k.workspace_id = m.workspace_id)
+                      AND k.id IN ({", ".join("?" * len(chunk))})""",
+                [utc_now(), *chunk],
             ).fetchall()
             found.update((str(r[0]), str(r[1])) for r in rows)
         return wanted & found
@@ -303,8 +314,13 @@ class PeopleStore(AuditStore):
         workspace_id: str | None = None,
     ) -> bool:
         """Revoke a live key, and in the same transaction end the Manage-page sessions
-        signed in with it (both audited). False if there was no live key of that id."""
+        signed in with it (both audited: in ``workspace_id``, or with none named, where
+        the key acts: its workspace, or each workspace of its holder). False if there was
+        no live key of that id."""
         with self._write():
+            holder = self.db.execute(
+                "SELECT user_id, workspace_id FROM api_keys WHERE id = ?", [key_id]
+            ).fetchone()
             cur = self.db.execute(
                 "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
                 [utc_now(), key_id],
@@ -316,9 +332,10 @@ class PeopleStore(AuditStore):
                         "DELETE FROM web_sessions WHERE key_id = ? RETURNING id", [key_id]
                     ).fetchall()
                 )
-                self._append_audit(
+                self._append_audit_for_person(
+                    holder[0],
                     "key.revoke",
-                    workspace_id=workspace_id,
+                    workspace_id=workspace_id or holder[1],
                     actor_user_id=actor_user_id,
                     actor_key_id=actor_key_id,
                     detail={"keyId": key_id, "sessionsEnded": ended},

@@ -328,6 +328,89 @@ def _m9_sealed_approvals(db: Database) -> None:
         db.ddl(f"ALTER TABLE approvals ADD COLUMN {column}")
 
 
+def _m10_oauth(db: Database) -> None:
+    """runnerd as an OAuth 2.1 authorization server (runnerd/api/oauth.py): its clients
+    (registered, or a fetched Client ID Metadata Document), the authorization requests
+    waiting for consent, the one-time codes and the refresh tokens (hashes only). An
+    access token is an API key of kind token, bound to one workspace, that expires."""
+    db.ddl("ALTER TABLE api_keys ADD COLUMN expires_at TEXT")
+    db.ddl(
+        """CREATE TABLE oauth_clients (
+            client_id TEXT PRIMARY KEY,
+            kind TEXT NOT NULL CHECK (kind IN ('registered', 'metadata_document')),
+            info TEXT NOT NULL,
+            secret_hash TEXT,
+            created_at TEXT NOT NULL,
+            fetched_at TEXT NOT NULL)"""
+    )
+    db.ddl(
+        """CREATE TABLE oauth_requests (
+            id_hash TEXT PRIMARY KEY,
+            client_id TEXT NOT NULL,
+            params TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL)"""
+    )
+    db.ddl(
+        """CREATE TABLE oauth_codes (
+            code_hash TEXT PRIMARY KEY,
+            client_id TEXT NOT NULL,
+            user_id TEXT NOT NULL REFERENCES users(id),
+            workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+            scopes TEXT NOT NULL,
+            params TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL,
+            used_at TEXT,
+            family TEXT)"""
+    )
+    db.ddl(
+        """CREATE TABLE oauth_refresh_tokens (
+            token_hash TEXT PRIMARY KEY,
+            id TEXT NOT NULL,
+            family TEXT NOT NULL,
+            client_id TEXT NOT NULL,
+            user_id TEXT NOT NULL REFERENCES users(id),
+            workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+            scopes TEXT NOT NULL,
+            resource TEXT,
+            access_key_id TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            expires_at TEXT NOT NULL,
+            rotated_at TEXT,
+            revoked_at TEXT)"""
+    )
+    db.ddl("CREATE INDEX oauth_refresh_by_family ON oauth_refresh_tokens (family)")
+    db.ddl("CREATE INDEX oauth_refresh_by_key ON oauth_refresh_tokens (access_key_id)")
+
+
+def _m11_approval_rules(db: Database) -> None:
+    """Who approves an app's write calls from a relay, per workspace and app (JSON lists
+    of roles and of person ids), and each workspace's webhook for approvals that wait
+    (its URL and its signing secret, sealed by the vault)."""
+    db.ddl(
+        """CREATE TABLE approval_rules (
+            workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+            app_id TEXT NOT NULL REFERENCES apps(id),
+            roles TEXT NOT NULL DEFAULT '[]',
+            user_ids TEXT NOT NULL DEFAULT '[]',
+            updated_at TEXT NOT NULL,
+            updated_by TEXT REFERENCES users(id),
+            PRIMARY KEY (workspace_id, app_id))"""
+    )
+    db.ddl(
+        """CREATE TABLE workspace_webhooks (
+            workspace_id TEXT PRIMARY KEY REFERENCES workspaces(id),
+            url TEXT NOT NULL,
+            secret_kid TEXT NOT NULL,
+            secret_nonce BLOB NOT NULL,
+            secret_sealed BLOB NOT NULL,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            updated_by TEXT REFERENCES users(id))"""
+    )
+
+
 # Append only: a migration, once released, never changes.
 MIGRATIONS: list[Callable[[Database], None]] = [
     _m1_apps_and_versions,
@@ -339,4 +422,6 @@ MIGRATIONS: list[Callable[[Database], None]] = [
     _m7_nodes,
     _m8_session_credential,
     _m9_sealed_approvals,
+    _m10_oauth,
+    _m11_approval_rules,
 ]

@@ -98,12 +98,25 @@ class SecretsStore(AuditStore):
         return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
     def reseal_all(
-        self, rows: list[SealedRow], new_key_id: str, approvals: Sequence[SealedRow] = ()
+        self,
+        rows: list[SealedRow],
+        new_key_id: str,
+        approvals: Sequence[SealedRow] = (),
+        *,
+        actor_user_id: str | None = None,
+        webhooks: Sequence[tuple[str, str, bytes, bytes]] = (),
     ) -> None:
-        """Replace every sealed secret, and the sealed inputs of pending approvals
-        (``approvals``, as sealed_approvals gives them), in one transaction: a key
+        """Replace every sealed secret, the sealed inputs of pending approvals
+        (``approvals``, as sealed_approvals gives them) and the webhooks' signing secrets
+        (``webhooks``: workspace id, key id, nonce, ciphertext), in one transaction: a key
         rotation."""
         with self._write():
+            for workspace_id, kid, nonce, ciphertext in webhooks:
+                self.db.execute(
+                    """UPDATE workspace_webhooks SET secret_kid = ?, secret_nonce = ?,
+                       secret_sealed = ? WHERE workspace_id = ?""",
+                    [kid, nonce, ciphertext, workspace_id],
+                )
             for approval_id, _install, kid, nonce, ciphertext in approvals:
                 self.db.execute(
                     """UPDATE approvals SET sealed_kid = ?, sealed_nonce = ?, sealed_input = ?
@@ -118,5 +131,6 @@ class SecretsStore(AuditStore):
                 )
             self._append_audit(
                 "secrets.rotate_key",
+                actor_user_id=actor_user_id,
                 detail={"keyId": new_key_id, "secrets": len(rows), "approvals": len(approvals)},
             )

@@ -34,8 +34,11 @@ def _later(seconds: int) -> str:
 
 
 class SessionsStore(AuditStore):
-    def create_login_link(self, user_id: str, *, ttl_s: int) -> str:
-        """A one-time sign-in token for ``user_id`` (the plaintext; only its hash is kept)."""
+    def create_login_link(
+        self, user_id: str, *, ttl_s: int, actor_user_id: str | None = None
+    ) -> str:
+        """A one-time sign-in token for ``user_id`` (the plaintext; only its hash is kept),
+        audited in each workspace of theirs as made by ``actor_user_id`` (the host's CLI)."""
         token = secrets.token_urlsafe(32)
         with self._write():
             self.db.execute(
@@ -43,7 +46,12 @@ class SessionsStore(AuditStore):
                    VALUES (?, ?, ?, ?)""",
                 [hash_key(token), user_id, utc_now(), _later(ttl_s)],
             )
-            self._append_audit("login_link.create", actor_user_id=user_id, detail={})
+            self._append_audit_for_person(
+                user_id,
+                "login_link.create",
+                actor_user_id=actor_user_id,
+                detail={"userId": user_id},
+            )
         return token
 
     def use_login_link(self, token: str) -> str | None:
@@ -80,21 +88,13 @@ class SessionsStore(AuditStore):
                 [digest, record.id, user_id, record.csrf, utc_now(), record.expires_at, key_id],
             )
             # One entry in each workspace of the person: a session acts in all of them.
-            workspaces: list[str | None] = [
-                str(r[0])
-                for r in self.db.execute(
-                    "SELECT workspace_id FROM memberships WHERE user_id = ? ORDER BY 1",
-                    [user_id],
-                ).fetchall()
-            ]
-            for workspace_id in workspaces or [None]:
-                self._append_audit(
-                    "session.create",
-                    workspace_id=workspace_id,
-                    actor_user_id=user_id,
-                    actor_key_id=key_id,
-                    detail={"sessionId": record.id, "via": via},
-                )
+            self._append_audit_for_person(
+                user_id,
+                "session.create",
+                actor_user_id=user_id,
+                actor_key_id=key_id,
+                detail={"sessionId": record.id, "via": via},
+            )
         return record, secret
 
     def find_session(self, secret: str) -> SessionRecord | None:
@@ -110,6 +110,20 @@ class SessionsStore(AuditStore):
         return None if row is None else SessionRecord(*row)
 
     def end_session(self, secret: str) -> bool:
+        """End the session of ``secret`` (sign-out), audited as ``session.end`` in each
+        workspace of its person, by the session itself (its id is its key's in the trail);
+        False if there was none."""
         with self._write():
-            cur = self.db.execute("DELETE FROM web_sessions WHERE id_hash = ?", [hash_key(secret)])
-        return bool(cur.rowcount)
+            row = self.db.execute(
+                "DELETE FROM web_sessions WHERE id_hash = ? RETURNING id, user_id",
+                [hash_key(secret)],
+            ).fetchone()
+            if row is not None:
+                self._append_audit_for_person(
+                    str(row[1]),
+                    "session.end",
+                    actor_user_id=str(row[1]),
+                    actor_key_id=str(row[0]),
+                    detail={"sessionId": str(row[0])},
+                )
+        return row is not None

@@ -2,9 +2,10 @@
 // no build step; every screen is drawn from the JSON API (views.js).
 import { api, can, membership, session } from './api.js';
 import { append, clear, errorBox, h } from './dom.js';
+import { approvalsView } from './approvals.js';
+import { consentView } from './consent.js';
 import {
-  appsView, approvalsView, auditView, installView, ledgerView, peopleView, runView, runsView,
-  toolView,
+  appsView, auditView, installView, ledgerView, peopleView, runView, runsView, toolView,
 } from './views.js';
 
 const main = document.getElementById('main');
@@ -19,6 +20,7 @@ const ROUTES = [
   [/^\/audit$/, auditView, 'Audit'],
   [/^\/ledger$/, ledgerView, 'Ledger'],
   [/^\/people$/, peopleView, 'People'],
+  [/^\/consent$/, consentView, 'Allow access'],
 ];
 
 function chooseWorkspace() {
@@ -127,7 +129,7 @@ async function route() {
     append(main, [errorBox(new Error('You belong to no workspace yet: ask an admin to add you.'))]);
     return;
   }
-  if (!membership().appsAccess && !['/audit', '/ledger', '/people'].includes(path)) {
+  if (!membership().appsAccess && !['/audit', '/ledger', '/people', '/consent'].includes(path)) {
     append(main, [errorBox(new Error('Your role in this workspace does not include the Apps module: ask an admin.'))]);
     return;
   }

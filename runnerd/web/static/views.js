@@ -10,7 +10,7 @@ import {
 const ws = () => session.workspaceId;
 
 // People's emails by user id, for admins (the members list is theirs to read); others see ids.
-async function emailsById() {
+export async function emailsById() {
   if (!can('admin', false)) return new Map();
   try {
     const found = await api('GET', `/api/v2/workspaces/${ws()}/members`);
@@ -20,7 +20,7 @@ async function emailsById() {
   }
 }
 
-function section(title, ...children) {
+export function section(title, ...children) {
   return h('section', { class: 'card' }, h('h2', {}, title), ...children);
 }
 
@@ -120,7 +120,7 @@ async function rollback(app, install, previous) {
     `Rolled back to ${previous.version}`);
 }
 
-async function act(work, done) {
+export async function act(work, done) {
   try {
     await work();
     toast(done);
@@ -392,31 +392,6 @@ export async function runView(main, { runId }) {
     run.egress ? section('Egress', table(['Destination', 'Connections', 'Sent', 'Received', 'Refused'],
       run.egress.map((e) => [e.destination, e.connections, e.bytesSent, e.bytesReceived, e.refused || '']), '')) : null,
   ]);
-}
-
-// --- approvals ---------------------------------------------------------------------------
-
-const APPROVAL_STATUSES = ['pending', 'approved', 'denied', 'expired'];
-
-export async function approvalsView(main, _params, query) {
-  const status = APPROVAL_STATUSES.includes(query.get('status')) ? query.get('status') : 'pending';
-  const [found, emails] = await Promise.all([
-    api('GET', '/api/v2/approvals', { query: { workspaceId: ws(), status } }), emailsById()]);
-  const decide = (a, verb, done) => act(() => api('POST', `/api/v2/approvals/${a.approvalId}/${verb}`), done);
-  const tabs = h('p', { class: 'tabs' }, APPROVAL_STATUSES.map((s) => [s === status ? h('strong', {}, s)
-    : h('a', { href: `#/approvals?status=${s}` }, s), ' ']));
-  const rows = found.data.map((a) => [a.approvalId, a.appSlug ? `${a.appSlug} ${a.version || ''}` : a.installId, a.tool,
-    emails.get(a.requestedBy) || a.requestedBy, a.surface, when(a.createdAt),
-    status === 'pending' ? when(a.expiresAt) : [a.status, a.decidedAt ? ` ${when(a.decidedAt)}` : '',
-      a.decidedBy ? ` by ${emails.get(a.decidedBy) || a.decidedBy}` : '', a.runId ? [' ', h('a', { href: `#/runs/${a.runId}` }, 'run')] : ''],
-    a.mayDecide ? [
-      h('button', { type: 'button', class: 'small', onclick: () => decide(a, 'approve', 'Approved') }, 'Approve'), ' ',
-      h('button', { type: 'button', class: 'small danger', onclick: () => decide(a, 'deny', 'Denied') }, 'Deny')] : '']);
-  append(main, [h('h1', {}, 'Approvals'),
-    h('p', { class: 'muted' }, 'Write calls from chat agents and relays wait here for a decision: from chat, the person who asked decides; from a relay, an approver or an admin.'),
-    tabs,
-    table(['Approval', 'App', 'Tool', 'Asked by', 'Surface', 'Asked', status === 'pending' ? 'Expires' : 'Outcome', ''], rows,
-      status === 'pending' ? 'No write calls are waiting.' : `No ${status} approvals.`)]);
 }
 
 // --- admin pages -------------------------------------------------------------------------
