@@ -289,3 +289,11 @@ MAX_RETRY_WAIT_S: Final = 30.0
 # runnerd: same-origin hops one request follows (a proxy's path rewrite, not a loop).
 MAX_REDIRECTS: Final = 5
 MAX_TYPE_DEPTH: Final = 32  # runnerd: schema levels turned into types; deeper is unknown/Any
+
+# --- OAuth 2.1 for MCP clients (runnerd/oauth) --------------------------------------------
+
+OAUTH_REQUEST_TTL_S: Final = 600  # runnerd: a client's request waits this long for consent
+OAUTH_CODE_TTL_S: Final = 60  # runnerd: an authorization code is exchanged within this
+OAUTH_FETCH_TIMEOUT_S: Final = 5.0  # runnerd: a client ID metadata document's fetch, in all
+OAUTH_MAX_DOCUMENT_BYTES: Final = 16 * 1024  # runnerd: a metadata document's size
+OAUTH_DOCUMENT_CACHE_S: Final = 300  # runnerd: a fetched metadata document is kept this long

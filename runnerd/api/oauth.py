@@ -25,14 +25,12 @@ from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
 from runnerd.config import Settings
 from runnerd.errors import InvalidBody, OAuthRequestNotFound, PersonalKeyRequired
-from runnerd.limits import MAX_SMALL_BODY_BYTES
+from runnerd.limits import MAX_SMALL_BODY_BYTES, OAUTH_CODE_TTL_S
 
 __all__ = [
     "AUTHORIZE_PATH",
-    "CODE_TTL_S",
     "OPS",
     "REGISTER_PATH",
-    "REQUEST_TTL_S",
     "REVOKE_PATH",
     "SCOPES",
     "TOKEN_PATH",
@@ -44,8 +42,6 @@ AUTHORIZE_PATH = "/oauth/authorize"
 TOKEN_PATH = "/oauth/token"
 REGISTER_PATH = "/oauth/register"
 REVOKE_PATH = "/oauth/revoke"
-REQUEST_TTL_S = 600  # a client's request waits this long for the person's consent
-CODE_TTL_S = 60  # a code is exchanged within this
 
 
 def resource_of(settings: Settings) -> str:
@@ -150,7 +146,7 @@ async def decide_request(request: Request, state: AppState) -> Response:
         workspace_id=workspace_id,
         scopes=scopes if body.allow else (),
         actor_key_id=caller.key.id,
-        code_ttl_s=CODE_TTL_S,
+        code_ttl_s=OAUTH_CODE_TTL_S,
     )
     if decided is None:
         raise OAuthRequestNotFound

@@ -5,7 +5,7 @@ The fetch reaches only public addresses: the name is resolved first, every addre
 has must be a global one, and the request goes to the address that was checked (the
 Host header and TLS name stay the URL's), so a name that resolves again differently
 reaches nothing else. No redirect is followed; the answer must come within
-``FETCH_TIMEOUT_S`` and be at most ``MAX_DOCUMENT_BYTES``. With
+``OAUTH_FETCH_TIMEOUT_S`` and be at most ``OAUTH_MAX_DOCUMENT_BYTES``. With
 ``oauth_allow_loopback_clients`` a document may also come from a loopback address over
 plain http (tests; a client on this host).
 """
@@ -21,16 +21,13 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import msgspec
 
+from runnerd.limits import OAUTH_FETCH_TIMEOUT_S, OAUTH_MAX_DOCUMENT_BYTES
+
 __all__ = [
-    "FETCH_TIMEOUT_S",
-    "MAX_DOCUMENT_BYTES",
     "DocumentRefused",
     "fetch_document",
     "is_url_id",
 ]
-
-FETCH_TIMEOUT_S = 5.0
-MAX_DOCUMENT_BYTES = 16 * 1024
 
 
 class DocumentRefused(Exception):
@@ -81,9 +78,9 @@ async def fetch_document(client_id: str, *, allow_loopback: bool) -> dict[str, A
     try:
         async with (
             httpx.AsyncClient(
-                timeout=FETCH_TIMEOUT_S, follow_redirects=False, trust_env=False
+                timeout=OAUTH_FETCH_TIMEOUT_S, follow_redirects=False, trust_env=False
             ) as client,
-            asyncio.timeout(FETCH_TIMEOUT_S),
+            asyncio.timeout(OAUTH_FETCH_TIMEOUT_S),
             client.stream(
                 "GET",
                 target,
@@ -96,7 +93,7 @@ async def fetch_document(client_id: str, *, allow_loopback: bool) -> dict[str, A
             body = bytearray()
             async for chunk in response.aiter_bytes():
                 body += chunk
-                if len(body) > MAX_DOCUMENT_BYTES:
+                if len(body) > OAUTH_MAX_DOCUMENT_BYTES:
                     raise DocumentRefused("the client's document is too large")
     except (httpx.HTTPError, TimeoutError):
         raise DocumentRefused("the client's document could not be fetched") from None

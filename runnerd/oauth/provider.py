@@ -5,7 +5,7 @@ the metadata documents): this module is the provider they call, over the store
 
 - Clients: dynamic registration (RFC 7591; a client secret is kept as a hash and
   checked by ``HashedSecretAuthenticator``), or a Client ID Metadata Document
-  (runnerd/oauth/documents.py), cached for ``DOCUMENT_CACHE_S``.
+  (runnerd/oauth/documents.py), cached for ``OAUTH_DOCUMENT_CACHE_S``.
 - ``/oauth/authorize`` keeps the request and sends the browser to the Manage page's
   consent screen (``/#/consent?request=…``); api/oauth.py records the decision and
   makes the one-time code.
@@ -52,12 +52,12 @@ from starlette.types import ASGIApp
 from runnerd.api.oauth import (
     AUTHORIZE_PATH,
     REGISTER_PATH,
-    REQUEST_TTL_S,
     REVOKE_PATH,
     SCOPES,
     TOKEN_PATH,
     resource_of,
 )
+from runnerd.limits import OAUTH_DOCUMENT_CACHE_S, OAUTH_REQUEST_TTL_S
 from runnerd.oauth.documents import DocumentRefused, fetch_document, is_url_id
 from runnerd.store.records import hash_key
 
@@ -66,7 +66,6 @@ if TYPE_CHECKING:
 
 __all__ = ["OAuthServer"]
 
-DOCUMENT_CACHE_S = 300
 ALL_SCOPES = " ".join(SCOPES)
 AUTH_METHODS = ["none", "client_secret_post", "client_secret_basic"]
 
@@ -120,7 +119,7 @@ class Provider:
             return self._client(client_id, row["info"])
         if not is_url_id(client_id):
             return None
-        if row is not None and time.time() - _epoch(row["fetched_at"]) < DOCUMENT_CACHE_S:
+        if row is not None and time.time() - _epoch(row["fetched_at"]) < OAUTH_DOCUMENT_CACHE_S:
             return self._client(client_id, row["info"])
         try:
             document = await fetch_document(
@@ -191,7 +190,7 @@ class Provider:
         }
         store = self.state.store
         request_id = await store.io(
-            store.create_oauth_request, client.client_id, kept, ttl_s=REQUEST_TTL_S
+            store.create_oauth_request, client.client_id, kept, ttl_s=OAUTH_REQUEST_TTL_S
         )
         return f"{self._settings.public_base}/#/consent?request={request_id}"
 
