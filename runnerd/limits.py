@@ -297,3 +297,6 @@ OAUTH_CODE_TTL_S: Final = 60  # runnerd: an authorization code is exchanged with
 OAUTH_FETCH_TIMEOUT_S: Final = 5.0  # runnerd: a client ID metadata document's fetch, in all
 OAUTH_MAX_DOCUMENT_BYTES: Final = 16 * 1024  # runnerd: a metadata document's size
 OAUTH_DOCUMENT_CACHE_S: Final = 300  # runnerd: a fetched metadata document is kept this long
+# runnerd: how often an MCP call sent to the Manage page (URL-mode elicitation) reads
+# whether its approval was decided, on any node.
+APPROVAL_POLL_S: Final = 0.5

@@ -65,7 +65,7 @@ from runnerd.errors import (
 from runnerd.govern.admission import Principal
 from runnerd.govern.approvals import CallOf
 from runnerd.govern.results import CallResult, Pending, may_see_output
-from runnerd.limits import MAX_MCP_SESSIONS
+from runnerd.limits import APPROVAL_POLL_S, MAX_MCP_SESSIONS
 from runnerd.mcp.sessions import SessionGuard, authorize
 
 if TYPE_CHECKING:
@@ -273,7 +273,62 @@ class McpGateway:
             )
         if not ctx.session.can_send_request:
             return _pending(state, held)  # no channel to ask on: it waits
+        if _url_only(capabilities.elicitation):
+            return await self._elicit_url(state, ctx, who, held)
         return await self._elicit(state, ctx, who, asking, held)
+
+    async def _elicit_url(
+        self, state: AppState, ctx: Any, who: Principal, held: Pending
+    ) -> types.CallToolResult:
+        """A client that shows URLs but no forms (2025-11-25's URL mode): it is asked to
+        send the person to the Manage page's Approvals screen, where they approve or deny
+        the call; the call waits for that decision (until the approval expires) and then
+        answers as after a form: the run's result, or declined. Declined or cancelled at
+        the client, or no answer: denied at once, nothing runs. Cut off after the person
+        was sent: the approval stays for them to decide (``runnerd.approval`` reads it)."""
+        url = approvals_url(state)
+        message = (
+            f"Approve or deny the write call {held.approval_id} on runnerd's Manage page "
+            f"(it expires at {held.expires_at})."
+        )
+        answer: types.ElicitResult | None = None
+        try:
+            with anyio.move_on_after(state.governor.approvals.ttl_s):
+                answer = await ctx.session.elicit_url(
+                    message, url, held.approval_id, related_request_id=ctx.request_id
+                )
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await state.governor.decide(held.approval_id, approve=False, who=who)
+            raise
+        except Exception as exc:  # the client's error, or an answer that is no ElicitResult
+            log.info("MCP URL confirmation of %s failed (%s): denied", held.approval_id,
+                     type(exc).__name__)  # fmt: skip
+        if answer is None or answer.action != "accept":
+            await state.governor.decide(held.approval_id, approve=False, who=who)
+            said = "Declined" if answer is not None else "Not confirmed (the client gave no answer)"
+            return _declined(said, held.approval_id)
+        approval = await self._decision(state, held.approval_id)
+        with contextlib.suppress(Exception):  # the client may retry on it; it may be gone
+            await ctx.session.send_elicit_complete(held.approval_id, ctx.request_id)
+        if approval is not None and approval.status == "approved" and approval.run_id:
+            return _result(await state.governor.outcome(approval.run_id))
+        status = "expired" if approval is None else approval.status
+        return _error_result(
+            f"Not approved ({status}): the call did not run ({held.approval_id}).",
+            {"runnerd/approval": {"status": status, "approvalId": held.approval_id}},
+        )
+
+    @staticmethod
+    async def _decision(state: AppState, approval_id: str) -> Any:
+        """The approval once someone decided it on any node (or it expired): read from
+        the store every ``APPROVAL_POLL_S``."""
+        while True:
+            await state.governor.approvals.expire()
+            approval = await state.store.io(state.store.get_approval, approval_id)
+            if approval is None or approval.status != "pending":
+                return approval
+            await anyio.sleep(APPROVAL_POLL_S)
 
     async def _elicit(
         self, state: AppState, ctx: Any, who: Principal, asking: _Asking, held: Pending
@@ -418,13 +473,24 @@ def _declined(said: str, approval_id: str) -> types.CallToolResult:
     )
 
 
+def _url_only(elicitation: types.ElicitationCapability) -> bool:
+    """A client that declared URL-mode elicitation and not form mode (an empty
+    ``elicitation: {}`` is form mode: what clients before 2025-11-25 send)."""
+    return elicitation.url is not None and elicitation.form is None
+
+
+def approvals_url(state: AppState) -> str:
+    """The Manage page's Approvals screen, where a person decides a held call."""
+    return f"{state.settings.public_base}/#/approvals"
+
+
 def _pending(state: AppState, held: Pending) -> types.CallToolResult:
     """A held call that waits for someone to decide, to a client that cannot ask the
     person: always ``isError`` without structuredContent (a client checks a non-error
     result against the tool's output schema, which a pending answer never matches), its
     text naming the approval, its deadline and the Manage page where a person decides
     it; the same in ``_meta["runnerd/approval"]``."""
-    url = f"{state.settings.public_base}/#/approvals"
+    url = approvals_url(state)
     pending = {
         "status": "pending_approval",
         "approvalId": held.approval_id,
