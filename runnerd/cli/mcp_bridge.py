@@ -3,8 +3,10 @@ forwarding to a daemon's ``/mcp`` endpoint over streamable HTTP.
 
 Tools, calls and confirmations pass through unchanged: a write tool's
 ``InputRequiredResult`` goes to the agent, and its answer back to the daemon, which
-decides. An agent that cannot elicit is forwarded on a connection that says so, and gets
-the daemon's pending-approval result. Tool-list changes the daemon announces are
+decides; a 2025-era agent, which cannot read one, is asked the same form with
+``elicitation/create`` by the bridge, and the call retried with its answer. An agent
+that cannot elicit is forwarded on a connection that says so, and gets the daemon's
+pending-approval result. Tool-list changes the daemon announces are
 announced to the agent too, in its revision: ``notifications/tools/list_changed`` on the
 pipe for a 2025-era agent (the handshake says ``tools.listChanged``), on its
 ``subscriptions/listen`` stream from 2026-07-28.
@@ -28,15 +30,34 @@ from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp_types.version import is_version_at_least
 
 from runnerd import __version__
 
 __all__ = ["Bridge", "cmd_mcp"]
 
+INPUT_REQUIRED_VERSION = "2026-07-28"  # the first revision with InputRequiredResult
+
 
 async def _confirm_upstream(ctx: Any, params: Any) -> types.ElicitResult:
     # Never called: calls pass allow_input_required, so the agent answers, not the bridge.
     return types.ElicitResult(action="cancel")
+
+
+async def _ask_agent(ctx: Any, asked: Any) -> types.ElicitResult:
+    """A form the daemon asks for, put to a 2025-era agent as ``elicitation/create``; its
+    error, or a request that is no form, is a cancel (nothing runs)."""
+    if not isinstance(asked, types.ElicitRequest) or not isinstance(
+        asked.params, types.ElicitRequestFormParams
+    ):
+        return types.ElicitResult(action="cancel")
+    try:
+        answer: types.ElicitResult = await ctx.session.elicit_form(
+            asked.params.message, asked.params.requested_schema, related_request_id=ctx.request_id
+        )
+    except Exception:
+        return types.ElicitResult(action="cancel")
+    return answer
 
 
 class Bridge:
@@ -63,13 +84,29 @@ class Bridge:
         capabilities = ctx.session.client_capabilities
         eliciting = capabilities is not None and capabilities.elicitation is not None
         session = self.upstream[eliciting].session
-        return await session.call_tool(
+        result = await session.call_tool(
             params.name,
             params.arguments,
             input_responses=params.input_responses,
             request_state=params.request_state,
             allow_input_required=True,
         )
+        if isinstance(result, types.InputRequiredResult) and not is_version_at_least(
+            ctx.protocol_version, INPUT_REQUIRED_VERSION
+        ):
+            # A 2025-era agent cannot read an InputRequiredResult: the bridge asks it
+            # with elicitation/create, and retries with its answer (the daemon decides).
+            answers: dict[str, Any] = {
+                name: await _ask_agent(ctx, asked)
+                for name, asked in (result.input_requests or {}).items()
+            }
+            result = await session.call_tool(
+                params.name,
+                params.arguments,
+                input_responses=answers,
+                request_state=result.request_state,
+            )
+        return result
 
     async def initialized(self, ctx: Any, params: types.NotificationParams) -> None:
         """The agent finished its handshake (the 2025 eras): it may be told of changes."""
