@@ -431,6 +431,45 @@ def test_idempotency_key_returns_the_first_run_and_charges_once(
     envelope(call({"ms": 301}), 409, "IDEMPOTENCY_KEY_REUSED")
 
 
+def test_an_idempotency_key_finds_the_call_it_held_for_approval(
+    gov: tuple[Daemon, dict[str, Any]],
+) -> None:
+    """A relay retrying a held write call with its Idempotency-Key gets the same approval
+    (not a second one to decide), then the run it released; after a denial the retry
+    asks again."""
+    d, install = gov
+    iid = install["installId"]
+
+    def send(key: str, to: str) -> Any:
+        return d.call(
+            "POST", f"/api/v2/apps/installs/{iid}/tools/send/run", d.admin_key,
+            json={"input": {"to": to}, "surface": "relay"}, headers={"Idempotency-Key": key},
+        )  # fmt: skip
+
+    def pending() -> list[str]:
+        listed = d.call("GET", "/api/v2/approvals", d.admin_key,
+                        params={"workspaceId": d.workspace_id, "status": "pending"})  # fmt: skip
+        return [a["approvalId"] for a in listed.json()["data"]]
+
+    first = send("relay-7", "a")
+    assert first.status_code == 202, first.text
+    held = first.json()["approvalId"]
+    again = send("relay-7", "a")
+    assert again.status_code == 202 and again.json()["approvalId"] == held
+    assert pending().count(held) == 1 and len(set(pending())) == len(pending())
+    envelope(send("relay-7", "b"), 409, "IDEMPOTENCY_KEY_REUSED")
+    approved = d.call("POST", f"/api/v2/approvals/{held}/approve", d.admin_key).json()
+    ran = send("relay-7", "a")
+    assert ran.status_code == 200 and ran.json()["runId"] == approved["runId"], ran.text
+    assert ran.json()["output"] == {"sent": "a"}
+
+    denied_first = send("relay-8", "c").json()["approvalId"]
+    d.call("POST", f"/api/v2/approvals/{denied_first}/deny", d.admin_key)
+    asked_again = send("relay-8", "c")
+    assert asked_again.status_code == 202
+    assert asked_again.json()["approvalId"] not in (denied_first, held)
+
+
 # --- run history --------------------------------------------------------------------------------
 
 

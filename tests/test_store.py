@@ -173,13 +173,13 @@ def test_a_run_lifecycle_on_each_backend(
     assert decided is not None and decided.status == "approved"
     assert store.decide_approval(approval.id, approve=False, user_id=alice.id) is None
     assert store.claim_idempotency_key(alice.id, "k", "hash", 3600) is None
-    assert store.claim_idempotency_key(alice.id, "k", "hash", 3600) == ("hash", None)
+    assert store.claim_idempotency_key(alice.id, "k", "hash", 3600) == ("hash", None, None)
 
     # The run the approval released, claimed by key "k": both learn its id as it starts.
     first = store.start_run(install=install, tool="t", user_id=alice.id, surface="api",
                             timeout_ms=600, approval_id=approval.id,
                             idempotency=(alice.id, "k"))  # fmt: skip
-    assert store.claim_idempotency_key(alice.id, "k", "hash", 3600) == ("hash", first)
+    assert store.claim_idempotency_key(alice.id, "k", "hash", 3600) == ("hash", first, None)
     assert store.get_approval(approval.id).run_id == first  # type: ignore[union-attr]
     assert store.budget(install.id).reserved_ms == 600
     store.finish_run(first, status="succeeded", duration_ms=400)

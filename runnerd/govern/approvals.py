@@ -52,11 +52,13 @@ APPROVAL_SURFACES = ("chat", "relay")
 class Held:
     """A write call waiting for approval: its input (checked when the call was made; it
     is checked again, against the same version, when released), who made it and with
-    which key, and the workflow run it belongs to."""
+    which key, the workflow run it belongs to, and the Idempotency-Key it came with (a
+    retry with that key finds this approval instead of holding another)."""
 
     value: Any
     who: Principal
     workflow_run_id: str | None
+    idempotency_key: str | None = None
 
 
 def sealed_name(approval_id: str) -> str:
@@ -130,6 +132,9 @@ class Approvals:
             sealed=sealed,
             key_id=held.who.key_id,
             workflow_run_id=held.workflow_run_id,
+            idempotency=None
+            if held.idempotency_key is None
+            else (held.who.user_id, held.idempotency_key),
         )
         if self.notifier is not None:
             self.notifier.approval_waiting(approval, install.app_slug)

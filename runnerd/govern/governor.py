@@ -262,7 +262,9 @@ class Governor:
         checked = await self.pipeline.check_input(tool, value, key=tool_key(tool, version_id))
         fingerprint = request_hash(install.id, version_id, tool.name, value)
         if idempotency_key is not None:
-            replay = await self.idempotency.replay(who, idempotency_key, fingerprint, self.outcome)
+            replay = await self.idempotency.replay(
+                who, idempotency_key, fingerprint, self.outcome, self._held_again
+            )
             if replay is not None:
                 return replay
         try:
@@ -273,11 +275,9 @@ class Governor:
                     version_id=version_id,
                     fingerprint=fingerprint,
                     surface=surface,
-                    held=Held(value, who, workflow_run_id),
+                    held=Held(value, who, workflow_run_id, idempotency_key),
                 )
-                if idempotency_key is not None:
-                    await self.idempotency.release(who, idempotency_key)
-                return pending
+                return pending  # its key stays: a retry finds this approval
             result = await self._run(
                 install,
                 tool,
@@ -467,6 +467,20 @@ class Governor:
             return task.result()
         task.cancel()
         raise Interrupted
+
+    async def _held_again(self, approval_id: str) -> CallResult | Pending | None:
+        """A call retried with the Idempotency-Key of one held for approval: the same
+        approval while it waits, the run it released once approved; None once denied or
+        expired (the retry asks again)."""
+        await self.approvals.expire()
+        approval = await self.store.io(self.store.get_approval, approval_id)
+        if approval is None:
+            return None
+        if approval.status == "pending":
+            return Pending(approval.id, approval.expires_at)
+        if approval.status == "approved" and approval.run_id is not None:
+            return await self.outcome(approval.run_id)
+        return None
 
     async def outcome(self, run_id: str) -> CallResult:
         """A run's result: awaited while it runs, from memory or its record after. A run

@@ -15,7 +15,7 @@ import msgspec
 
 from runnerd.errors import IdempotencyConflict, InvalidIdempotencyKey
 from runnerd.govern.admission import Principal
-from runnerd.govern.results import CallResult
+from runnerd.govern.results import CallResult, Pending
 from runnerd.limits import MAX_CALL_WAIT_S, MAX_IDEMPOTENCY_KEY_CHARS
 from runnerd.store import Store
 
@@ -52,28 +52,40 @@ class IdempotencyKeys:
         key: str,
         fingerprint: str,
         outcome: Callable[[str], Awaitable[CallResult]],
-    ) -> CallResult | None:
-        """The first run's result (``outcome`` of its run id) for a repeated key, or None:
-        the key is now claimed by this call, which runs. IdempotencyConflict when the
-        key was first used with another request."""
+        held: Callable[[str], Awaitable[CallResult | Pending | None]],
+    ) -> CallResult | Pending | None:
+        """The first call's answer for a repeated key: its run's result (``outcome`` of
+        its run id), or for a call held for approval, ``held`` of the approval's id (the
+        same pending approval, or the run it released). None: the key is now claimed by
+        this call, which goes on (also when the first call's approval was denied or
+        expired: the retry asks again). IdempotencyConflict when the key was first used
+        with another request."""
         claim = self.store.claim_idempotency_key
         found = await self.store.io(claim, who.user_id, key, fingerprint, self.ttl_s)
         if found is None:
             return None
-        first_hash, run_id = found
+        first_hash, run_id, approval_id = found
         if first_hash != fingerprint:
             raise IdempotencyConflict(
                 "this Idempotency-Key was already used with a different request"
             )
         deadline = time.monotonic() + MAX_CALL_WAIT_S
-        while run_id is None and time.monotonic() < deadline:  # the first call is starting
-            await asyncio.sleep(0.02)
+        while run_id is None and approval_id is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)  # the first call is starting
             again = await self.store.io(claim, who.user_id, key, fingerprint, self.ttl_s)
-            run_id = again[1] if again else None
             if again is None:  # the first call was refused and released the key
                 return None
-        assert run_id is not None
-        return await outcome(run_id)
+            _, run_id, approval_id = again
+        if run_id is not None:
+            return await outcome(run_id)
+        assert approval_id is not None
+        answer = await held(approval_id)
+        if answer is not None:
+            return answer
+        # Denied or expired: give the key up, and claim it for this call (or replay the
+        # retry that claimed it first).
+        await self.store.io(self.store.release_idempotency_key, who.user_id, key, approval_id)
+        return await self.replay(who, key, fingerprint, outcome, held)
 
     async def release(self, who: Principal, key: str) -> None:
         """Give the key back: the call it claimed was refused, or is held for approval."""

@@ -65,9 +65,11 @@ class ApprovalsStore(AuditStore):
         sealed: tuple[str, bytes, bytes] | None = None,
         key_id: str | None = None,
         workflow_run_id: str | None = None,
+        idempotency: tuple[str, str] | None = None,
     ) -> ApprovalRow:
         """Hold a call: ``sealed`` is its input as the vault sealed it (key id, nonce,
-        ciphertext) for ``approval_id``."""
+        ciphertext) for ``approval_id``; the idempotency key that claimed the call
+        (``idempotency``: user id, key) is given the approval in the same write."""
         now = datetime.now(UTC)
         kid, nonce, ciphertext = sealed or (None, None, None)
         row = ApprovalRow(
@@ -92,6 +94,11 @@ class ApprovalsStore(AuditStore):
             stored = msgspec.structs.asdict(row)
             del stored["app_slug"], stored["version"]  # read with the list, not kept
             self.db.insert("approvals", stored)
+            if idempotency is not None:
+                self.db.execute(
+                    "UPDATE idempotency SET approval_id = ? WHERE user_id = ? AND key = ?",
+                    [row.id, *idempotency],
+                )
             self._append_audit(
                 "approval.request",
                 workspace_id=workspace_id,

@@ -2,7 +2,8 @@
 
 A key holds no input: it is bound to the SHA-256 of the request (install, version, tool
 and input), never to the input itself. The key that claimed a run is given the run's id
-in the run's own transaction (``RunsStore.start_run``).
+in the run's own transaction (``RunsStore.start_run``); one whose call was held for
+approval, the approval's id in the approval's (``ApprovalsStore.create_approval``).
 """
 
 from __future__ import annotations
@@ -16,30 +17,44 @@ from runnerd.store.core import StoreBase
 class IdempotencyStore(StoreBase):
     def claim_idempotency_key(
         self, user_id: str, key: str, request_hash: str, max_age_s: int
-    ) -> tuple[str, str | None] | None:
+    ) -> tuple[str, str | None, str | None] | None:
         """Claim ``key`` for this request. None: claimed, go on. Else (hash it was first
-        used with, run id or None while the first call runs). Keys older than
-        ``max_age_s`` are forgotten."""
+        used with, run id, approval id: both None while the first call starts). Keys
+        older than ``max_age_s`` are forgotten."""
         cutoff = stamp(datetime.now(UTC) - timedelta(seconds=max_age_s))
         with self._write():
             self.db.execute("DELETE FROM idempotency WHERE created_at < ?", [cutoff])
             row = self.db.execute(
-                "SELECT request_hash, run_id FROM idempotency WHERE user_id = ? AND key = ?",
+                """SELECT request_hash, run_id, approval_id FROM idempotency
+                   WHERE user_id = ? AND key = ?""",
                 [user_id, key],
             ).fetchone()
             if row is not None:
-                return row[0], row[1]
+                return row[0], row[1], row[2]
             self.db.execute(
-                "INSERT INTO idempotency VALUES (?, ?, ?, NULL, ?)",
+                """INSERT INTO idempotency (user_id, key, request_hash, created_at)
+                   VALUES (?, ?, ?, ?)""",
                 [user_id, key, request_hash, utc_now()],
             )
         return None
 
-    def release_idempotency_key(self, user_id: str, key: str) -> None:
+    def release_idempotency_key(
+        self, user_id: str, key: str, approval_id: str | None = None
+    ) -> None:
         """Release a key whose call was refused before its run started, so a retry runs.
-        A key that released a run (``start_run(idempotency=…)``) stays: retries replay it."""
+        A key that released a run (``start_run(idempotency=…)``) stays: retries replay it.
+        So does one held for approval, unless ``approval_id`` (that approval was denied
+        or expired: a retry asks again)."""
         with self._write():
+            if approval_id is not None:
+                self.db.execute(
+                    """DELETE FROM idempotency WHERE user_id = ? AND key = ? AND run_id IS NULL
+                       AND approval_id = ?""",
+                    [user_id, key, approval_id],
+                )
+                return
             self.db.execute(
-                "DELETE FROM idempotency WHERE user_id = ? AND key = ? AND run_id IS NULL",
+                """DELETE FROM idempotency WHERE user_id = ? AND key = ? AND run_id IS NULL
+                   AND approval_id IS NULL""",
                 [user_id, key],
             )

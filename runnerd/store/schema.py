@@ -411,6 +411,12 @@ def _m11_approval_rules(db: Database) -> None:
     )
 
 
+def _m12_idempotent_approvals(db: Database) -> None:
+    """The approval an idempotency key's call was held for: a retry with the key finds
+    it (or its run) instead of holding another."""
+    db.ddl("ALTER TABLE idempotency ADD COLUMN approval_id TEXT")
+
+
 # Append only: a migration, once released, never changes.
 MIGRATIONS: list[Callable[[Database], None]] = [
     _m1_apps_and_versions,
@@ -424,4 +430,5 @@ MIGRATIONS: list[Callable[[Database], None]] = [
     _m9_sealed_approvals,
     _m10_oauth,
     _m11_approval_rules,
+    _m12_idempotent_approvals,
 ]
