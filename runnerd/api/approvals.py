@@ -10,7 +10,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runnerd.api.auth import Caller, caller_of
+from runnerd.api.auth import caller_of, workspace_admin
 from runnerd.api.bodies import (
     ApprovalInfo,
     ApprovalList,
@@ -32,14 +32,20 @@ from runnerd.errors import (
     InvalidApprovalRule,
     InvalidQuery,
     WebhookNotFound,
-    WorkspaceNotFound,
 )
 from runnerd.govern.admission import has_role, may_run
 from runnerd.govern.approvals import Approvals
 from runnerd.govern.notify import new_webhook_secret, webhook_url
 from runnerd.limits import MAX_ID_CHARS, MAX_SLUG_CHARS, MAX_SMALL_BODY_BYTES
 from runnerd.model import Role
-from runnerd.store import ApprovalRow, ApprovalRule, MembershipRecord, Store, WebhookRow
+from runnerd.store import (
+    ApprovalRow,
+    ApprovalRule,
+    InstallRecord,
+    MembershipRecord,
+    Store,
+    WebhookRow,
+)
 from runnerd.store.approval_rules import webhook_sealed_name
 
 __all__ = ["OPS"]
@@ -163,17 +169,6 @@ async def deny(request: Request, state: AppState) -> Response:
 _ROLE_ORDER: tuple[Role, ...] = ("admin", "builder", "member")
 
 
-async def _admin(request: Request, state: AppState, scope: str) -> tuple[Caller, str]:
-    """The caller, an admin of the workspace in the path (the Apps module not needed)."""
-    caller = await caller_of(request, state, scope)
-    caller.need_person()
-    workspace_id = str(request.path_params["workspaceId"])
-    if await state.store.io(state.store.get_workspace, workspace_id) is None:
-        raise WorkspaceNotFound
-    await caller.member(state.store, workspace_id, role="admin", apps=False)
-    return caller, workspace_id
-
-
 def _rule_info(rule: ApprovalRule) -> ApprovalRuleInfo:
     return ApprovalRuleInfo(
         app_slug=rule.app_slug,
@@ -190,7 +185,7 @@ async def _rules(state: AppState, workspace_id: str) -> ApprovalRuleList:
 
 
 async def list_rules(request: Request, state: AppState) -> Response:
-    _, workspace_id = await _admin(request, state, "api:read")
+    _, workspace_id = await workspace_admin(request, state, "api:read")
     return json_response(await _rules(state, workspace_id))
 
 
@@ -207,15 +202,21 @@ def _check_deciders(store: Store, workspace_id: str, user_ids: tuple[str, ...]) 
             )
 
 
+async def _installed_app(request: Request, state: AppState, workspace_id: str) -> InstallRecord:
+    """The workspace's install of the app in the path (``{appSlug}``); APP_NOT_FOUND."""
+    slug = str(request.path_params["appSlug"])
+    install = await state.store.io(state.store.install_of_app, workspace_id, slug)
+    if install is None:
+        raise AppNotFound(slug)
+    return install
+
+
 async def put_rule(request: Request, state: AppState) -> Response:
     """Set who approves an app's relay calls: it replaces the workspace default (the
     approver flag, or an admin) for that app. Chat calls stay the asker's to decide."""
-    caller, workspace_id = await _admin(request, state, "apps:write")
+    caller, workspace_id = await workspace_admin(request, state, "apps:write")
     store = state.store
-    slug = str(request.path_params["appSlug"])
-    install = await store.io(store.install_of_app, workspace_id, slug)
-    if install is None:
-        raise AppNotFound(slug)
+    install = await _installed_app(request, state, workspace_id)
     body = await read_body(request, ApprovalRuleBody, MAX_SMALL_BODY_BYTES)
     roles = tuple(r for r in _ROLE_ORDER if r in body.roles)
     user_ids = tuple(dict.fromkeys(body.user_ids))
@@ -243,12 +244,9 @@ async def put_rule(request: Request, state: AppState) -> Response:
 async def delete_rule(request: Request, state: AppState) -> Response:
     """Drop an app's rule: its relay calls go back to the workspace default. The rules
     that remain (a rule already gone changes nothing)."""
-    caller, workspace_id = await _admin(request, state, "apps:write")
+    caller, workspace_id = await workspace_admin(request, state, "apps:write")
     store = state.store
-    slug = str(request.path_params["appSlug"])
-    install = await store.io(store.install_of_app, workspace_id, slug)
-    if install is None:
-        raise AppNotFound(slug)
+    install = await _installed_app(request, state, workspace_id)
     await store.io(
         store.delete_approval_rule,
         workspace_id,
@@ -269,7 +267,7 @@ def _webhook_info(row: WebhookRow, secret: str | None = None) -> WebhookInfo:
 
 
 async def get_webhook(request: Request, state: AppState) -> Response:
-    _, workspace_id = await _admin(request, state, "api:read")
+    _, workspace_id = await workspace_admin(request, state, "api:read")
     row = await state.store.io(state.store.webhook, workspace_id)
     if row is None:
         raise WebhookNotFound
@@ -279,7 +277,7 @@ async def get_webhook(request: Request, state: AppState) -> Response:
 async def put_webhook(request: Request, state: AppState) -> Response:
     """Set the workspace's webhook. A new webhook (or ``newSecret``) gets a new signing
     secret, in this answer only; it is kept sealed by the vault, as secrets are."""
-    caller, workspace_id = await _admin(request, state, "apps:write")
+    caller, workspace_id = await workspace_admin(request, state, "apps:write")
     body = await read_body(request, WebhookBody, MAX_SMALL_BODY_BYTES)
     url = await webhook_url(body.url, state.settings)
     store = state.store
@@ -302,7 +300,7 @@ async def put_webhook(request: Request, state: AppState) -> Response:
 
 
 async def delete_webhook(request: Request, state: AppState) -> Response:
-    caller, workspace_id = await _admin(request, state, "apps:write")
+    caller, workspace_id = await workspace_admin(request, state, "apps:write")
     deleted = await state.store.io(
         state.store.delete_webhook,
         workspace_id,

@@ -33,6 +33,7 @@ from runnerd.errors import (
     RunnerdError,
     Unauthenticated,
     WorkspaceKeyNotAllowed,
+    WorkspaceNotFound,
 )
 from runnerd.govern.admission import Principal, at_least, has_role
 from runnerd.model import Role
@@ -53,6 +54,7 @@ __all__ = [
     "install_of",
     "oauth_challenge",
     "session_key",
+    "workspace_admin",
 ]
 
 
@@ -173,6 +175,19 @@ async def caller_of(request: Request, state: AppState, scope: str) -> Caller:
     caller.need_scope(scope)
     state.limiter.take(caller.key.id)
     return caller
+
+
+async def workspace_admin(request: Request, state: AppState, scope: str) -> tuple[Caller, str]:
+    """The caller (``caller_of``), a person who is an admin of the workspace in the path
+    (``{workspaceId}``; WorkspaceNotFound when there is none; the Apps module not needed),
+    and that workspace's id."""
+    caller = await caller_of(request, state, scope)
+    caller.need_person()
+    workspace_id = str(request.path_params["workspaceId"])
+    if await state.store.io(state.store.get_workspace, workspace_id) is None:
+        raise WorkspaceNotFound
+    await caller.member(state.store, workspace_id, role="admin", apps=False)
+    return caller, workspace_id
 
 
 async def authenticate(

@@ -9,7 +9,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runnerd.api.auth import Caller, caller_of
+from runnerd.api.auth import workspace_admin
 from runnerd.api.bodies import (
     KeyInfo,
     KeyList,
@@ -23,22 +23,11 @@ from runnerd.api.bodies import (
 from runnerd.api.ops import Op, Param, json_response
 from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
-from runnerd.errors import KeyNotFound, MemberNotFound, WorkspaceNotFound
+from runnerd.errors import KeyNotFound, MemberNotFound
 from runnerd.govern.people import add_member, key_holder, may_hold_keys_of, token_scopes
 from runnerd.limits import MAX_ID_CHARS, MAX_SMALL_BODY_BYTES
 
 __all__ = ["OPS"]
-
-
-async def _admin(request: Request, state: AppState, scope: str) -> tuple[Caller, str]:
-    """The caller, an admin of the workspace in the path (the Apps module not needed)."""
-    caller = await caller_of(request, state, scope)
-    caller.need_person()
-    workspace_id = str(request.path_params["workspaceId"])
-    if await state.store.io(state.store.get_workspace, workspace_id) is None:
-        raise WorkspaceNotFound
-    await caller.member(state.store, workspace_id, role="admin", apps=False)
-    return caller, workspace_id
 
 
 def _member_info(row: dict[str, object]) -> MemberInfo:
@@ -52,7 +41,7 @@ def _member_info(row: dict[str, object]) -> MemberInfo:
 
 
 async def list_members(request: Request, state: AppState) -> Response:
-    _, workspace_id = await _admin(request, state, "api:read")
+    _, workspace_id = await workspace_admin(request, state, "api:read")
     return json_response(
         MemberList(
             data=[_member_info(r) for r in await state.store.io(state.store.members, workspace_id)]
@@ -61,7 +50,7 @@ async def list_members(request: Request, state: AppState) -> Response:
 
 
 async def put_member(request: Request, state: AppState) -> Response:
-    caller, workspace_id = await _admin(request, state, "apps:write")
+    caller, workspace_id = await workspace_admin(request, state, "apps:write")
     body = await read_body(request, MemberBody, MAX_SMALL_BODY_BYTES)
     row = await state.store.io(
         add_member,
@@ -78,7 +67,7 @@ async def put_member(request: Request, state: AppState) -> Response:
 
 
 async def remove_member(request: Request, state: AppState) -> Response:
-    caller, workspace_id = await _admin(request, state, "apps:write")
+    caller, workspace_id = await workspace_admin(request, state, "apps:write")
     user_id = str(request.path_params["userId"])
     store = state.store
     removed = await store.io(
@@ -108,13 +97,13 @@ def _key_info(row: dict[str, object]) -> KeyInfo:
 
 
 async def list_keys(request: Request, state: AppState) -> Response:
-    _, workspace_id = await _admin(request, state, "api:read")
+    _, workspace_id = await workspace_admin(request, state, "api:read")
     rows = await state.store.io(state.store.keys_of_workspace, workspace_id)
     return json_response(KeyList(data=[_key_info(r) for r in rows]))
 
 
 async def create_key(request: Request, state: AppState) -> Response:
-    caller, workspace_id = await _admin(request, state, "apps:write")
+    caller, workspace_id = await workspace_admin(request, state, "apps:write")
     body = await read_body(request, NewKeyBody, MAX_SMALL_BODY_BYTES)
     store = state.store
     user_id = None
@@ -145,7 +134,7 @@ async def revoke_key(request: Request, state: AppState) -> Response:
     """Revoke a key: from this request on it authenticates nothing, and the Manage-page
     sessions signed in with it end with it (store); MCP sessions it opened are ended
     by MCP's session guard (mcp/sessions.py)."""
-    caller, workspace_id = await _admin(request, state, "apps:write")
+    caller, workspace_id = await workspace_admin(request, state, "apps:write")
     key_id = str(request.path_params["keyId"])
     store = state.store
     key = next(
