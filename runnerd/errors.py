@@ -242,6 +242,15 @@ class BodyTooLarge(RunnerdError):
         super().__init__(f"request body is larger than {limit:,} bytes")
 
 
+class QueryTooLarge(RunnerdError):
+    """A query string over its limit (an OAuth authorization request's), refused unread."""
+
+    reason, status = "QUERY_TOO_LARGE", 400
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the query string is larger than {limit:,} bytes")
+
+
 class InvalidBody(RunnerdError):
     """A body that is not JSON, or not the route's shape; the message says where."""
 

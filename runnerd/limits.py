@@ -132,6 +132,16 @@ LOGIN_LINK_TTL_S: Final = 600  # runnerd: a sign-in link is good once, for 10 mi
 # RATE_LIMIT_IDLE_S (they would have refilled to their burst: 2 s at the default rate).
 RATE_LIMIT_MAX_KEYS: Final = 100_000
 RATE_LIMIT_IDLE_S: Final = 60
+# runnerd: on PostgreSQL each node enforces its share of a key's limit (1/N, N the live
+# nodes); it counts them this often, so a dead node's share comes back within its lease + 1 s.
+RATE_SHARE_EVERY_S: Final = 1.0
+# runnerd: a node's contact with the database is unbroken while its lease renewals (every
+# third of node_lease_s) end less than half a lease apart; it closes another node's runs
+# only after a whole lease of it (docs/SCALING.md), so after an outage the others renew.
+NODE_CONTACT_GAP: Final = 0.5
+# runnerd: the row of a node stopped this long ago (7 days), with no run left open, is
+# removed when a node joins: every restart adds one.
+NODE_ROW_RETENTION_S: Final = 7 * 86_400
 
 # --- The HTTP port: slow and many connections -----------------------------------------------
 
@@ -211,6 +221,9 @@ HARNESS_COMPILE_TIMEOUT_S: Final = 60  # runnerd: compiling the Python harness, 
 BUILD_TIMEOUT_S: Final = 900  # runnerd: a cold install of 50 packages over a slow link
 # runnerd: past nsjail's own time limit, when runnerd kills the build (nsjail hung).
 BUILD_KILL_SLACK_S: Final = 30
+# runnerd: how long a build waits for the builders' uid (one build at a time per host):
+# the longest other build.
+BUILDER_UID_WAIT_S: Final = BUILD_TIMEOUT_S + BUILD_KILL_SLACK_S
 BUILD_MEMORY_MB: Final = 2048  # runnerd: npm and pip resolving 50 packages, with room
 BUILD_OPEN_FILES: Final = 4096  # runnerd: npm opens many files at once
 BUILD_PIDS: Final = 512  # runnerd: npm's and pip's workers and install scripts' children
@@ -297,6 +310,13 @@ OAUTH_CODE_TTL_S: Final = 60  # runnerd: an authorization code is exchanged with
 OAUTH_FETCH_TIMEOUT_S: Final = 5.0  # runnerd: a client ID metadata document's fetch, in all
 OAUTH_MAX_DOCUMENT_BYTES: Final = 16 * 1024  # runnerd: a metadata document's size
 OAUTH_DOCUMENT_CACHE_S: Final = 300  # runnerd: a fetched metadata document is kept this long
+OAUTH_MAX_FETCHES: Final = 8  # runnerd: metadata documents fetched at once, by this node
+OAUTH_MAX_QUERY_BYTES: Final = 4096  # runnerd: an authorization request's query string
+OAUTH_MAX_STATE_CHARS: Final = 1024  # runnerd: its state, kept with the request
+OAUTH_MAX_REGISTRATION_BYTES: Final = 16 * 1024  # runnerd: a client registration's body
+OAUTH_MAX_REDIRECT_URIS: Final = 10  # runnerd: the redirect URIs of one client
+OAUTH_MAX_URI_CHARS: Final = 2000  # runnerd: one redirect URI (or client_uri, logo_uri...)
+OAUTH_MAX_NAME_CHARS: Final = 200  # runnerd: a client's name, as the consent screen shows it
 # runnerd: how often an MCP call sent to the Manage page (URL-mode elicitation) reads
 # whether its approval was decided, on any node.
 APPROVAL_POLL_S: Final = 0.5

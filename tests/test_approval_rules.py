@@ -341,6 +341,11 @@ def test_a_waiting_approval_is_delivered_signed_and_retried_without_its_input(
         assert time.monotonic() - started < 5 and not receiver.got
         receiver.release.set()
         assert receiver.arrived.wait(15), receiver.got
+        # A chat call is its asker's to decide: not announced.
+        chat = _held(d, iid, asker, "chat", {"to": "chat-" + marker})
+        time.sleep(1.5)
+        assert len(receiver.got) == 2, receiver.got
+        d.call("POST", f"/api/v2/approvals/{chat}/deny", asker)
 
     assert [status for _, _, status in receiver.got] == [500, 204]  # retried once
     (first, _, _), (headers, body, _) = receiver.got

@@ -4,7 +4,9 @@ with the header named, even without a key; a served one goes on to the key check
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,6 +69,47 @@ def test_a_page_of_another_site_is_refused(d: Daemon, origin: str) -> None:
     answer = _post(d, {"Origin": origin}, key=d.admin_key)
     assert answer.status_code == 403, answer.text
     assert answer.json()["error"]["details"] == {"code": "ORIGIN_NOT_ALLOWED", "field": "Origin"}
+
+
+def _raw(d: Daemon, path: str, headers: list[tuple[str, str]], body: bytes = b"") -> bytes:
+    """One request as sent, headers repeated as given (no client library allows two
+    Hosts), and the answer's first bytes."""
+    head = f"{'POST' if body else 'GET'} {path} HTTP/1.1\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers)
+    head += f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", d.port), timeout=10) as conn:
+        conn.sendall(head.encode() + body)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+        return answer
+
+
+@pytest.mark.parametrize(
+    ("header", "reason"), [("Host", "HOST_NOT_ALLOWED"), ("Origin", "ORIGIN_NOT_ALLOWED")]
+)
+def test_two_hosts_or_origins_are_refused_in_either_order(
+    d: Daemon, header: str, reason: str
+) -> None:
+    """A proxy in front may read another one of the two than this check: both orders."""
+    good = f"127.0.0.1:{d.port}" if header == "Host" else "http://localhost:5173"
+    bad = "evil.example" if header == "Host" else "http://evil.example"
+    body = json.dumps(INIT).encode()
+    for pair in ((good, bad), (bad, good)):
+        sent = [
+            ("Accept", "application/json, text/event-stream"),
+            ("Content-Type", "application/json"),
+            ("Authorization", f"Bearer {d.admin_key}"),
+            *((header, v) for v in pair),
+        ]
+        if header == "Origin":
+            sent.append(("Host", f"127.0.0.1:{d.port}"))
+        answer = _raw(d, f"/mcp?workspaceId={d.workspace_id}", sent, body)
+        assert answer.startswith(b"HTTP/1.1 403"), (pair, answer[:300])
+        assert reason.encode() in answer
+    if header == "Host":  # the OAuth endpoints read Host the same way
+        meta = _raw(d, "/.well-known/oauth-authorization-server", [("Host", good), ("Host", bad)])
+        assert meta.startswith(b"HTTP/1.1 403"), meta[:300]
 
 
 def test_an_allowed_origin_and_no_origin_are_served(d: Daemon) -> None:

@@ -17,19 +17,21 @@ import secrets
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
 
+from conftest import write_app
 from daemon import Runnerd
 from runnerd.store import DB_FILENAME, hash_key
 from test_governance import audit
 
 # The store's OAuth SQL runs on both stores; the browser flows once (test_oauth_sdk.py).
 BACKENDS = ("sqlite", "postgresql")
-DAEMON_SETTINGS = {"oauth_allow_loopback_clients": "true"}
+DAEMON_SETTINGS = {"oauth_allow_loopback_clients": "true", "rate_limit_burst": "1000"}
 
 CALLBACK = "http://127.0.0.1:9/callback"  # never reached: the tests read the redirect
 
@@ -588,3 +590,82 @@ def test_a_token_without_tools_run_is_told_to_ask_for_it(app_daemon: Runnerd) ->
     assert response.status_code == 403
     assert response.json()["error"]["details"]["code"] == "INSUFFICIENT_SCOPE"
     assert 'error="insufficient_scope"' in response.headers["www-authenticate"]
+
+
+def test_an_oauth_token_s_calls_are_chat_calls(app_daemon: Runnerd, tmp_path: Path) -> None:
+    """The person consented to a chat client whose write tools wait for them: its token
+    calling the API with another surface is still held, as a chat call."""
+    app = write_app(tmp_path / "pay", "oauth-pay", {"send": "def run(i):\n    return {}\n"},
+                    docs={"send": {"effect": "write"}})  # fmt: skip
+    install = app_daemon.ship(app)["installId"]
+    _, tokens = grant(app_daemon, app_daemon.admin_key)
+    for surface in ("api", "app", "workflow"):
+        held = app_daemon.fresh(
+            "POST", f"/api/v2/apps/installs/{install}/tools/send/run",
+            json={"input": {}, "surface": surface},
+            headers={"Authorization": f"Bearer {tokens['access_token']}"},
+        )  # fmt: skip
+        assert held.status_code == 202, held.text
+        approval = held.json()["approvalId"]
+        found = app_daemon.call("GET", f"/api/v2/approvals/{approval}", app_daemon.admin_key)
+        assert found.json()["surface"] == "chat", found.text
+
+
+# --- what outside testing found -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["64:ff9b::a9fe:a9fe", "64:ff9b::7f00:1", "2002:7f00:1::", "2002:a9fe:a9fe::",
+     "::ffff:169.254.169.254", "169.254.169.254", "10.0.0.1", "fc00::1"],
+)  # fmt: skip
+def test_a_document_host_that_carries_a_private_ipv4_is_refused(address: str) -> None:
+    """NAT64, 6to4 and mapped forms are judged by the address they stand for."""
+    from runnerd.oauth.documents import _allowed
+
+    assert not _allowed(address, loopback=False) and not _allowed(address, loopback=True)
+
+
+def test_a_code_or_refresh_for_another_resource_is_refused(app_daemon: Runnerd) -> None:
+    d = app_daemon
+    ours = d.fresh("GET", "/.well-known/oauth-protected-resource").json()["resource"]
+    client = register(d)
+    verifier, challenge = pkce()
+    fragment = authorize(d, client["client_id"], challenge, resource=f"{ours}#x")
+    assert parse_qs(urlsplit(fragment.headers["location"]).query)["error"] == ["invalid_target"]
+    rid = request_id(authorize(d, client["client_id"], challenge))
+    code = code_of(decide(d, rid, d.admin_key).json()["redirectTo"])
+    form = {"grant_type": "authorization_code", "code": code, "redirect_uri": CALLBACK,
+            "client_id": client["client_id"], "code_verifier": verifier}  # fmt: skip
+    elsewhere = token(d, **form, resource="http://evil.example/x")
+    assert elsewhere.status_code == 400 and elsewhere.json()["error"] == "invalid_target"
+    issued = token(d, **form, resource=ours)
+    assert issued.status_code == 200, issued.text
+    refresh = {"grant_type": "refresh_token", "client_id": client["client_id"],
+               "refresh_token": issued.json()["refresh_token"]}  # fmt: skip
+    refused = token(d, **refresh, resource="http://evil.example/")
+    assert refused.status_code == 400 and refused.json()["error"] == "invalid_target"
+
+
+def test_registrations_and_requests_are_bounded(app_daemon: Runnerd) -> None:
+    """Anyone may register or ask: what they may make the daemon keep is small."""
+    d = app_daemon
+    body = {"client_name": "big", "token_endpoint_auth_method": "none",
+            "grant_types": ["authorization_code"]}  # fmt: skip
+    for extra, status in (
+        ({"redirect_uris": [CALLBACK], "client_uri": "https://x.example/" + "a" * 100_000}, 413),
+        ({"redirect_uris": [CALLBACK], "client_uri": "https://x.example/" + "a" * 3000}, 400),
+        ({"redirect_uris": [f"{CALLBACK}{n}" for n in range(11)]}, 400),
+        ({"redirect_uris": [CALLBACK], "client_name": "n" * 201}, 400),
+        ({"redirect_uris": ["http://a@127.0.0.1:9/cb"]}, 400),
+        ({"redirect_uris": ["https://app.example/cb#f"]}, 400),
+    ):
+        made = d.fresh("POST", "/oauth/register", json={**body, **extra})
+        assert made.status_code == status, (extra.keys(), made.text[:200])
+    assert register(d, "http://127.5.5.5:9/cb")["redirect_uris"] == ["http://127.5.5.5:9/cb"]
+    client = register(d)
+    _, challenge = pkce()
+    long_state = authorize(d, client["client_id"], challenge, state="s" * 1025)
+    assert parse_qs(urlsplit(long_state.headers["location"]).query)["error"] == ["invalid_request"]
+    huge = authorize(d, client["client_id"], challenge, junk="j" * 5000)
+    assert huge.status_code == 400 and "QUERY_TOO_LARGE" in huge.text

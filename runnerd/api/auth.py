@@ -173,7 +173,7 @@ async def caller_of(request: Request, state: AppState, scope: str) -> Caller:
     step of every authenticated route, always in this order (401, 403, 429)."""
     caller = await authenticate(request, state.store, state.signer)
     caller.need_scope(scope)
-    state.limiter.take(caller.key.id)
+    state.limiter.take(caller.key.rate_bucket)
     return caller
 
 

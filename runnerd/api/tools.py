@@ -72,13 +72,15 @@ async def _run(
     body: RunBody,
 ) -> Response:
     """Run ``tool_name`` of ``install`` for ``caller``: the common part of both routes.
-    The governor decides (and audits) every refusal; this translates its answer."""
+    The governor decides (and audits) every refusal; this translates its answer. A call
+    with an OAuth token is a chat call whatever surface it names: the person consented to
+    a chat client whose write tools wait for their approval."""
     outcome = await state.governor.call(
         install,
         tool_name,
         body.input,
         who=caller.principal(),
-        surface=body.surface,
+        surface="chat" if caller.key.is_oauth else body.surface,
         workflow_run_id=body.workflow_run_id,
         idempotency_key=request.headers.get("idempotency-key"),
     )
@@ -117,10 +119,10 @@ async def _caller_for_run(request: Request, state: AppState, find: _Find) -> Cal
         caller.need_scope("tools:run")
     except InsufficientScope as exc:
         with contextlib.suppress(RateLimited):
-            state.limiter.take(caller.key.id)
+            state.limiter.take(caller.key.rate_bucket)
             await _audit_refused(request, state, caller, find, exc)
         raise
-    state.limiter.take(caller.key.id)
+    state.limiter.take(caller.key.rate_bucket)
     try:
         caller.need_person()
     except WorkspaceKeyNotAllowed as exc:

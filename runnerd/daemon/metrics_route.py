@@ -41,7 +41,7 @@ async def metrics(request: Request) -> Response:
             state.store.is_admin_anywhere, key.user_id
         ):
             raise InsufficientRole("metrics are for admins of a workspace")
-        state.limiter.take(key.id)
+        state.limiter.take(key.rate_bucket)
     except RunnerdError as exc:
         return error_response(envelope(exc))
     # The gauges read the store (pending approvals): off the event loop on PostgreSQL.

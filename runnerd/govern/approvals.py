@@ -136,7 +136,9 @@ class Approvals:
             if held.idempotency_key is None
             else (held.who.user_id, held.idempotency_key),
         )
-        if self.notifier is not None:
+        # The webhook is for calls others decide: a chat call is its asker's alone, asked
+        # in their client (or sent to the Manage page by the answer itself).
+        if self.notifier is not None and surface != "chat":
             self.notifier.approval_waiting(approval, install.app_slug)
         return Pending(approval.id, approval.expires_at)
 

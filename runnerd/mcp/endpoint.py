@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from runnerd.config import Settings
     from runnerd.mcp.gateway import McpGateway
 
-__all__ = ["McpEndpoint", "served_hosts"]
+__all__ = ["McpEndpoint", "host_served", "served_hosts"]
 
 _LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -72,16 +72,26 @@ def _host_name(authority: str) -> str | None:
     return name.lower() if name else None
 
 
+def host_served(headers: Headers, served: frozenset[str]) -> bool:
+    """Whether the request has one Host header and it names a served host."""
+    hosts = headers.getlist("host")
+    host = _host_name(hosts[0]) if len(hosts) == 1 else None
+    return host is not None and host in served
+
+
 def _check_origin(scope: Scope, served: frozenset[str]) -> None:
-    """HostNotAllowed unless Host names a served host; OriginNotAllowed when an Origin is
-    sent whose host is not one ("null" included)."""
+    """HostNotAllowed unless one Host names a served host; OriginNotAllowed when an
+    Origin is sent whose host is not one ("null" included), or two are (a proxy may read
+    another one than this check)."""
     if "*" in served:
         return
     headers = Headers(scope=scope)
-    host = _host_name(headers.get("host", ""))
-    if host is None or host not in served:
+    if not host_served(headers, served):
         raise HostNotAllowed
-    origin = headers.get("origin")
+    origins = headers.getlist("origin")
+    if len(origins) > 1:
+        raise OriginNotAllowed
+    origin = origins[0] if origins else None
     if origin is not None:
         parts = urlsplit(origin)
         name = _host_name(parts.netloc) if parts.scheme in ("http", "https") else None

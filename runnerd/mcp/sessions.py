@@ -86,7 +86,7 @@ async def authorize(state: AppState, request: Request, *, spend: bool) -> tuple[
         raise MissingWorkspace
     await caller.member(state.store, workspace_id, role="viewer")
     if spend:
-        state.limiter.take(key.id)
+        state.limiter.take(key.rate_bucket)
     return caller, workspace_id
 
 

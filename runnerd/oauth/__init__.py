@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
 from starlette.routing import Route
@@ -28,8 +27,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from runnerd.api.auth import RESOURCE_METADATA_PATH
 from runnerd.api.errors import envelope, error_response
 from runnerd.api.oauth import AUTHORIZE_PATH, REGISTER_PATH, REVOKE_PATH, TOKEN_PATH
-from runnerd.errors import HostNotAllowed, RunnerdError
-from runnerd.mcp.endpoint import served_hosts
+from runnerd.errors import HostNotAllowed, QueryTooLarge, RunnerdError
+from runnerd.limits import OAUTH_MAX_QUERY_BYTES
+from runnerd.mcp.endpoint import host_served, served_hosts
 
 if TYPE_CHECKING:
     from runnerd.config import Settings
@@ -62,9 +62,15 @@ class _Lazy:
         try:
             if not _host_served(scope, app_state.runnerd.settings):
                 raise HostNotAllowed
-            if scope["method"] == "POST":  # no key to count by: the client's address
+            # No key to count by: the client's address. Every POST, and every request to
+            # authorize (it stores the request, and may fetch a client's document).
+            if scope["method"] == "POST" or self.name == "authorize":
                 client = scope.get("client") or ("", 0)
-                app_state.runnerd.limiter.take(f"oauth:{client[0]}")
+                app_state.runnerd.limiter.take(f"oauth-from:{client[0]}")
+            if self.name == "authorize" and len(scope.get("query_string", b"")) > (
+                OAUTH_MAX_QUERY_BYTES
+            ):
+                raise QueryTooLarge(OAUTH_MAX_QUERY_BYTES)
         except RunnerdError as exc:
             await error_response(envelope(exc))(scope, receive, send)
             return
@@ -75,13 +81,7 @@ class _Lazy:
 
 def _host_served(scope: Scope, settings: Settings) -> bool:
     served = served_hosts(settings)
-    if "*" in served:
-        return True
-    try:
-        host = urlsplit(f"//{Headers(scope=scope).get('host', '')}").hostname
-    except ValueError:
-        return False
-    return host is not None and host.lower() in served
+    return "*" in served or host_served(Headers(scope=scope), served)
 
 
 def oauth_routes() -> list[Route]:

@@ -15,13 +15,16 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import ssl
+import weakref
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import msgspec
 
-from runnerd.limits import OAUTH_FETCH_TIMEOUT_S, OAUTH_MAX_DOCUMENT_BYTES
+from runnerd.limits import OAUTH_FETCH_TIMEOUT_S, OAUTH_MAX_DOCUMENT_BYTES, OAUTH_MAX_FETCHES
+from runnerd.run.addresses import address_refusal
 
 __all__ = [
     "DocumentRefused",
@@ -43,10 +46,14 @@ def is_url_id(client_id: str) -> bool:
 
 
 def _allowed(address: str, loopback: bool) -> bool:
+    """A public address by egress's rules (run/addresses.py: an IPv6 address that carries
+    an IPv4 one, NAT64, 6to4, Teredo or mapped, is judged as each it may stand for), or
+    with ``loopback`` a loopback one."""
     ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_global or (loopback and ip.is_loopback)
+    if loopback and (ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None
+                                         and ip.ipv4_mapped.is_loopback)):  # fmt: skip
+        return True
+    return address_refusal(ip, ()) is None
 
 
 async def _address(host: str, port: int, loopback: bool) -> str:
@@ -60,9 +67,32 @@ async def _address(host: str, port: int, loopback: bool) -> str:
     return addresses[0]
 
 
+_tls: list[ssl.SSLContext] = []  # the fetches' one TLS context, once made
+# Fetches at once, per event loop (a daemon has one): the rest wait their turn.
+_fetching: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _tls_context() -> ssl.SSLContext:
+    """The TLS context of every fetch, made once off the event loop (loading the CA
+    store takes tens of ms: per fetch, a flood of requests would stall the daemon)."""
+    if not _tls:
+        _tls.append(await asyncio.to_thread(ssl.create_default_context))
+    return _tls[0]
+
+
 async def fetch_document(client_id: str, *, allow_loopback: bool) -> dict[str, Any]:
     """The metadata document at ``client_id``, checked: a JSON object whose client_id is
-    that URL, with redirect URIs. DocumentRefused otherwise."""
+    that URL, with redirect URIs. DocumentRefused otherwise. At most
+    ``OAUTH_MAX_FETCHES`` at once on a node."""
+    loop = asyncio.get_running_loop()
+    gate = _fetching.setdefault(loop, asyncio.Semaphore(OAUTH_MAX_FETCHES))
+    async with gate:
+        return await _fetch(client_id, allow_loopback=allow_loopback)
+
+
+async def _fetch(client_id: str, *, allow_loopback: bool) -> dict[str, Any]:
     parts = urlsplit(client_id)
     host = parts.hostname or ""
     if parts.scheme != "https" and not (allow_loopback and parts.scheme == "http"):
@@ -78,7 +108,10 @@ async def fetch_document(client_id: str, *, allow_loopback: bool) -> dict[str, A
     try:
         async with (
             httpx.AsyncClient(
-                timeout=OAUTH_FETCH_TIMEOUT_S, follow_redirects=False, trust_env=False
+                timeout=OAUTH_FETCH_TIMEOUT_S,
+                follow_redirects=False,
+                trust_env=False,
+                verify=await _tls_context(),
             ) as client,
             asyncio.timeout(OAUTH_FETCH_TIMEOUT_S),
             client.stream(

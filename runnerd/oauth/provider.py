@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import base64
 import hmac
+import ipaddress
 import json
 import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from mcp.server.auth.handlers.authorize import AuthorizationHandler
 from mcp.server.auth.handlers.metadata import MetadataHandler, ProtectedResourceMetadataHandler
@@ -57,7 +58,15 @@ from runnerd.api.oauth import (
     TOKEN_PATH,
     resource_of,
 )
-from runnerd.limits import OAUTH_DOCUMENT_CACHE_S, OAUTH_REQUEST_TTL_S
+from runnerd.limits import (
+    OAUTH_DOCUMENT_CACHE_S,
+    OAUTH_MAX_NAME_CHARS,
+    OAUTH_MAX_REDIRECT_URIS,
+    OAUTH_MAX_REGISTRATION_BYTES,
+    OAUTH_MAX_STATE_CHARS,
+    OAUTH_MAX_URI_CHARS,
+    OAUTH_REQUEST_TTL_S,
+)
 from runnerd.oauth.documents import DocumentRefused, fetch_document, is_url_id
 from runnerd.store.records import hash_key
 
@@ -88,16 +97,66 @@ class _Access(AccessToken):
 
 def _loopback_or_https(uri: str) -> bool:
     """OAuth 2.1's redirect URIs: https, or http to a loopback address (native apps);
-    a custom scheme for a native app too, but never javascript: or data:."""
-    scheme, _, rest = uri.partition(":")
-    scheme = scheme.lower()
-    if scheme in ("javascript", "data", "file", "vbscript"):
+    a custom scheme for a native app too, but never javascript: or data:; never with a
+    user or password, or a fragment (RFC 6749 §3.1.2)."""
+    try:
+        parts = urlsplit(uri)
+        host = parts.hostname
+    except ValueError:
+        return False
+    scheme = parts.scheme.lower()
+    if not scheme or scheme in ("javascript", "data", "file", "vbscript"):
+        return False
+    if parts.username is not None or parts.password is not None or "#" in uri:
         return False
     if scheme != "http":
         return True
-    host = rest.lstrip("/").split("/", 1)[0].rpartition("@")[2]
-    host = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
-    return host in ("127.0.0.1", "localhost", "[::1]")
+    if host == "localhost":
+        return True
+    try:
+        return host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _too_large(info: OAuthClientInformationFull, uris: list[str]) -> str | None:
+    """Why a client's metadata is too large to keep (anyone may register), or None."""
+    if len(uris) > OAUTH_MAX_REDIRECT_URIS:
+        return f"at most {OAUTH_MAX_REDIRECT_URIS} redirect URIs"
+    kept = info.model_dump(mode="json", exclude_none=True)
+    for name, value in kept.items():
+        limit = OAUTH_MAX_NAME_CHARS if name == "client_name" else OAUTH_MAX_URI_CHARS
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, str) and len(v) > limit for v in values):
+            return f"{name}: at most {limit} characters"
+    return None
+
+
+def _our_resource(asked: str, resource: str) -> bool:
+    """Whether a client's ``resource`` (RFC 8707) names this server's: no fragment, and
+    the SDK's rule (same origin, a path at or below ours)."""
+    return "#" not in asked and check_resource_allowed(asked, resource)
+
+
+class _Tokens(TokenHandler):
+    """The SDK's token endpoint, which reads ``resource`` but leaves it unchecked: a
+    code or refresh exchanged for another resource is refused (RFC 8707 §2.2)."""
+
+    def __init__(self, provider: Provider, authenticator: ClientAuthenticator, resource: str):
+        super().__init__(provider, authenticator)  # type: ignore[arg-type]
+        self._resource = resource
+
+    async def handle(self, request: Request) -> Response:
+        form = await request.form()  # kept on the request: the SDK's handler reads it again
+        asked = form.get("resource")
+        if isinstance(asked, str) and not _our_resource(asked, self._resource):
+            return JSONResponse(
+                {"error": "invalid_target",
+                 "error_description": f"this server's resource is {self._resource}"},
+                status_code=400, headers={"Cache-Control": "no-store", "Pragma": "no-cache"},
+            )  # fmt: skip
+        answer: Response = await super().handle(request)
+        return answer
 
 
 class Provider:
@@ -150,8 +209,13 @@ class Provider:
         uris = [str(u) for u in client_info.redirect_uris or ()]
         if not uris or not all(_loopback_or_https(u) for u in uris):
             raise RegistrationError(
-                "invalid_redirect_uri", "redirect URIs are https, or http to a loopback address"
+                "invalid_redirect_uri",
+                "redirect URIs are https, or http to a loopback address, with no user, "
+                "password or fragment",
             )
+        too_large = _too_large(client_info, uris)
+        if too_large is not None:
+            raise RegistrationError("invalid_client_metadata", too_large)
         secret = client_info.client_secret
         kept = client_info.model_dump(mode="json", exclude_none=True)
         kept.pop("client_secret", None)
@@ -175,8 +239,12 @@ class Provider:
         self, client: OAuthClientInformationFull, params: AuthorizationParams
     ) -> str:
         resource = resource_of(self._settings)
-        if params.resource is not None and not check_resource_allowed(params.resource, resource):
+        if params.resource is not None and not _our_resource(params.resource, resource):
             raise AuthorizeError("invalid_target", f"this server's resource is {resource}")
+        if params.state is not None and len(params.state) > OAUTH_MAX_STATE_CHARS:
+            raise AuthorizeError(
+                "invalid_request", f"state: at most {OAUTH_MAX_STATE_CHARS} characters"
+            )
         scopes = [s for s in (params.scopes or (client.scope or ALL_SCOPES).split()) if s]
         if not scopes or any(s not in SCOPES for s in scopes):
             raise AuthorizeError("invalid_scope", f"the scopes are {ALL_SCOPES}")
@@ -366,9 +434,9 @@ class Revocation:
         return Response(status_code=200, headers=headers)
 
 
-def _limited(app: ASGIApp) -> ASGIApp:
+def _limited(app: ASGIApp, max_body: int = DEFAULT_MAX_REQUEST_BODY_SIZE) -> ASGIApp:
     return CORSMiddleware(
-        RequestBodyLimitMiddleware(app, DEFAULT_MAX_REQUEST_BODY_SIZE),
+        RequestBodyLimitMiddleware(app, max_body),
         allow_origins="*",
         allow_methods=["POST", "OPTIONS"],
         allow_headers=["Authorization", "Content-Type", "MCP-Protocol-Version"],
@@ -422,9 +490,12 @@ class OAuthServer:
                 request_response(AuthorizationHandler(provider).handle),  # type: ignore[arg-type]
                 DEFAULT_MAX_REQUEST_BODY_SIZE,
             ),
-            "token": _limited(request_response(TokenHandler(provider, authenticator).handle)),  # type: ignore[arg-type]
+            "token": _limited(
+                request_response(_Tokens(provider, authenticator, resource_of(settings)).handle)
+            ),
             "register": _limited(
-                request_response(RegistrationHandler(provider, registration).handle)  # type: ignore[arg-type]
+                request_response(RegistrationHandler(provider, registration).handle),  # type: ignore[arg-type]
+                OAUTH_MAX_REGISTRATION_BYTES,
             ),
             "revoke": _limited(request_response(Revocation(provider, authenticator).handle)),
         }

@@ -77,6 +77,20 @@ class KeyRecord(msgspec.Struct, frozen=True):
     prefix: str
     created_at: str
 
+    @property
+    def is_oauth(self) -> bool:
+        """An OAuth access token (runnerd/oauth): a chat client's, consented to."""
+        return self.kind == "token" and self.prefix.startswith("rk_o_")
+
+    @property
+    def rate_bucket(self) -> str:
+        """The rate-limit bucket a call with this key spends from: its own, but all the
+        OAuth access tokens of a person share one (each consent mints a token: minting
+        more must not multiply the person's limit)."""
+        if self.is_oauth and self.user_id is not None:
+            return f"oauth:{self.user_id}"
+        return self.id
+
 
 class InstallRecord(msgspec.Struct, frozen=True):
     id: str

@@ -6,7 +6,7 @@ import { api, session } from './api.js';
 import { append, errorBox, h } from './dom.js';
 
 const SCOPE_TEXT = {
-  'api:read': 'Read apps, runs and approvals in the workspace',
+  'api:read': 'Read what you can read in the workspace: apps, runs and approvals, and for an admin its audit trail, usage ledger, people and key names',
   'tools:run': 'Run tools as you (write tools still ask for approval)',
 };
 
