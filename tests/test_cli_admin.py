@@ -131,6 +131,10 @@ def test_bootstrap_takes_the_email_as_the_api_does(tmp_path: Path) -> None:
     assert set(found) == {"workspaceId", "userId", "apiKey"}
     link = run_cli("admin", "login-link", "--data-dir", data, "--email", "ada@example.com")
     assert link.returncode == 0, link.stderr
+    # The daemon the CLI talks to (RUNNERD_URL) is where the link goes.
+    elsewhere = run_cli("admin", "login-link", "--data-dir", data, "--email", "ada@example.com",
+                        env={"RUNNERD_URL": "http://127.0.0.1:56645"})  # fmt: skip
+    assert elsewhere.stdout.startswith("http://127.0.0.1:56645/login#token="), elsewhere.stdout
     key = run_cli("admin", "create-key", "--data-dir", data, "--email", "ada@example.com",
                   "--json")  # fmt: skip
     assert key.returncode == 0, key.stderr

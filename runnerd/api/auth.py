@@ -124,6 +124,11 @@ class Caller:
             raise InsufficientRole  # a token bound to one workspace (OAuth) acts there only
         found = await store.io(store.membership, workspace_id, self.key.user_id)
         if not has_role(found, role, apps=apps):
+            if found is not None and apps and not found.apps_access and at_least(found.role, role):
+                raise InsufficientRole(
+                    "this person has no Apps access in the workspace: an admin grants it "
+                    "(the People page, or runnerd admin set-role --apps-access)"
+                )
             raise InsufficientRole
         return found
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -142,7 +143,9 @@ def cmd_login_link(args: argparse.Namespace) -> int:
         print(f"runnerd: no person with the email {args.email}", file=sys.stderr)
         return 1
     token = store.create_login_link(user.id, ttl_s=LOGIN_LINK_TTL_S, actor_user_id=cli_actor())
-    base = args.url or f"http://{settings.host}:{settings.port}"
+    # Where people reach the daemon: --url, else the CLI's RUNNERD_URL, else public_url
+    # (which defaults to the bind address and port of the settings).
+    base = args.url or os.environ.get("RUNNERD_URL") or settings.public_base
     link = f"{base.rstrip('/')}/login#token={token}"
     return output(
         args,
@@ -185,7 +188,8 @@ def _member_parser(
             "--apps-access",
             action=argparse.BooleanOptionalAction,
             default=None,
-            help="access to the Apps module",
+            help="access to the Apps module, which running tools and MCP need (a person "
+            "new to the workspace has none unless given: --apps-access)",
         )
         p.add_argument(
             "--approver",

@@ -519,7 +519,8 @@ def _run_fields(run: CallResult) -> dict[str, Any]:
 def _result(run: CallResult) -> types.CallToolResult:
     """A run that started: its output as structuredContent (and as JSON text), or its
     scrubbed error with isError; the run's id and figures in ``_meta["runnerd/run"]``."""
-    meta = {"runnerd/run": _run_fields(run) | {"output": None}}
+    meta = {"runnerd/run": {"runId": run.run_id, "status": run.status,
+                            "durationMs": run.duration_ms}}  # fmt: skip
     if run.status == "succeeded":
         text = json.dumps(run.output, ensure_ascii=False)
         return types.CallToolResult.model_validate(
