@@ -25,9 +25,10 @@ from runnerd.run.spawn import kill_leftovers
 
 
 def test_two_pools_over_one_host_folder_never_hand_out_the_same_uid(tmp_path: Path) -> None:
-    # Two daemons with their own data dirs and overlapping ranges, as on one host.
-    first = UidPool(tmp_path / "uids", 700_000, 3)
-    second = UidPool(tmp_path / "uids", 700_001, 3)
+    # Two daemons with their own data dirs and overlapping ranges, as on one host (the
+    # last uid of each range is its package builders': 3 uids for runs each).
+    first = UidPool(tmp_path / "uids", 700_000, 4)
+    second = UidPool(tmp_path / "uids", 700_001, 4)
     held = [first.lease() for _ in range(3)]
     taken = {uid for uid, _ in held}
     assert taken == {700_000, 700_001, 700_002}

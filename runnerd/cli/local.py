@@ -34,6 +34,7 @@ from runnerd.limits import MANIFEST_NAME, MIN_NODE_MAJOR, TOOL_SUFFIX
 from runnerd.model import Bundle, Problem, Tool
 from runnerd.run.machine import Machine, build_machine
 from runnerd.run.runtimes import find_node, npm_cli
+from runnerd.run.spawn import DIE_WITH_PARENT
 from runnerd.run.toolchain import Toolchain
 from runnerd.run.verdict import RunResult
 from runnerd.store import Store
@@ -372,6 +373,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if machine is not None:
         nsjail = machine.sandbox.nsjail
         check("nsjail", os.access(nsjail, os.X_OK), nsjail)
+        check(
+            "setpriv",
+            bool(DIE_WITH_PARENT),
+            DIE_WITH_PARENT[0] if DIE_WITH_PARENT else "not found",
+            required=False,
+            fix="jails die with a killed daemon through util-linux's setpriv "
+            "(`apt-get install util-linux`); without it they live until the next start",
+        )
         check(
             "cgroups",
             machine.cgroups.enabled,

@@ -24,26 +24,24 @@ leave threads running): no jail outlives its answer by more than that, and a cal
 ``on_end`` (its run slot) comes back only once its jail is reaped, so the run slots count
 live jails, not unanswered calls.
 
-The three modules depend one way: jail -> warm -> spawn, and jail -> spawn.
+The modules depend one way: jail -> warm -> spawn -> uids, and jail -> spawn, uids.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import math
 import os
-import random
 import shutil
 import subprocess
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from runnerd.errors import SandboxUnavailable
 from runnerd.limits import (
@@ -61,6 +59,7 @@ from runnerd.run.cgroups import Cgroups
 from runnerd.run.proxy import EgressPass, EgressProxy
 from runnerd.run.runtimes import Runtimes
 from runnerd.run.spawn import Jail, start_jail
+from runnerd.run.uids import UidPool
 from runnerd.run.warm import WarmPool
 
 if TYPE_CHECKING:
@@ -175,33 +174,6 @@ class JailEnd:
         release, self._release = self._release, None
         if release is not None:
             release()
-
-
-class UidPool:
-    """Outside uids for jails, one per live jail, across processes (a lock file per uid,
-    in a host-wide folder, so daemons with overlapping ranges never share a uid)."""
-
-    def __init__(self, lock_dir: Path, base: int, count: int) -> None:
-        if base < 1000:
-            raise ValueError("sandbox uids must be unprivileged (>= 1000)")
-        self.lock_dir = lock_dir
-        self.base = base
-        self.count = count
-        lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-
-    def lease(self) -> tuple[int, IO[str]]:
-        """A free uid and the lock that holds it (close the lock to give it back)."""
-        start = random.randrange(self.count)
-        for i in range(self.count):
-            uid = self.base + (start + i) % self.count
-            handle = open(self.lock_dir / str(uid), "w")  # noqa: SIM115 - held while in use
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
-                continue
-            return uid, handle
-        raise SandboxUnavailable(f"all {self.count} sandbox uids are in use")
 
 
 # Run by the jails' own interpreter: the Python harness as bytecode, named in

@@ -19,6 +19,7 @@ from runnerd.run.package_envs import EnvManager
 from runnerd.run.pipeline import Pipeline
 from runnerd.run.proxy import EgressProxy, socket_path
 from runnerd.run.runtimes import Runtimes, find_runtimes, world_readable
+from runnerd.run.spawn import DIE_WITH_PARENT
 from runnerd.run.toolchain import Toolchain
 
 __all__ = ["Machine", "build_machine", "build_sandbox"]
@@ -52,6 +53,11 @@ class Machine:
         found = list(self.runtimes.problems)
         if self.cgroups.warning:
             found.append(self.cgroups.warning)
+        if not DIE_WITH_PARENT:
+            found.append(
+                "WARNING: setpriv (util-linux) was not found: jails do not die with a "
+                "killed daemon (the next start kills what is left)"
+            )
         return found
 
 
@@ -63,6 +69,10 @@ def build_machine(
     found already (finding them runs each one), else found here."""
     data = settings.data_dir
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Before any uid is handed out (and before the cgroups' sweep removes the run
+    # cgroups they leave empty): what a killed runnerd left running in this range.
+    uids = UidPool(settings.uid_lock_dir, settings.sandbox_uid_base, settings.sandbox_uid_count)
+    killed, stuck = uids.sweep()
     mounts, note = _mount_root(settings)
     if runtimes is None:
         runtimes = find_runtimes(settings.python, settings.node, stage=mounts / "runtimes")
@@ -88,6 +98,12 @@ def build_machine(
     machine = Machine(settings, runtimes, cgroups, sandbox, envs, pipeline, toolchain)
     if note:
         machine.notes.append(note)
+    if killed:
+        left = f"; uids {stuck} still run some (not handed out until they are gone)"
+        machine.notes.append(
+            f"killed {killed} process(es) a killed runnerd left running as sandbox uids"
+            + (left if stuck else "")
+        )
     return machine
 
 

@@ -6,6 +6,12 @@ the loop, its result, log and nsjail-log pipes read into capped buffers. A jail 
 stopped with SIGTERM (nsjail kills the jail's whole pid namespace), SIGKILL STOP_GRACE_S
 later if it has not exited, and then whatever still runs as the jail's own outside uid is
 killed and waited for: a jail's uid comes back only once nothing of it runs.
+
+Jails die with their daemon: nsjail is started through ``setpriv --pdeathsig KILL``, so
+the kernel kills it when the thread that started it (a long-lived spawner thread) dies,
+the daemon's SIGKILL included; nsjail has set the same on the jail's init, whose death
+takes the whole pid namespace along; run/uids.py never hands a uid out while a process
+of it runs, and kills at start what a killed runnerd left in its range.
 """
 
 from __future__ import annotations
@@ -14,17 +20,32 @@ import asyncio
 import contextlib
 import functools
 import os
+import shutil
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO
 
 from runnerd.limits import LEFTOVER_WAIT_S, MAX_JAIL_LOG_BYTES, STOP_GRACE_S
+from runnerd.run.uids import UidLock, kill_leftovers
 
-__all__ = ["Jail", "kill_leftovers", "spawn", "start_jail"]
+__all__ = ["DIE_WITH_PARENT", "Jail", "kill_leftovers", "spawn", "start_jail"]
+
+
+def _die_with_parent() -> tuple[str, ...]:
+    """The command prefix that makes a process die with the thread that started it:
+    util-linux's setpriv setting the parent-death signal (SIGKILL), which the exec of
+    nsjail keeps (not set-uid, no file capabilities). () when setpriv is missing: then
+    jails outlive a killed daemon until the next start's sweep (Machine.warnings says so)."""
+    for path in (shutil.which("setpriv"), "/usr/bin/setpriv", "/bin/setpriv"):
+        if path and os.access(path, os.X_OK):
+            return (path, "--pdeathsig", "KILL", "--")
+    return ()
+
+
+DIE_WITH_PARENT = _die_with_parent()
 
 # A jail's argv, given the descriptors of its result pipe and of nsjail's log (the
 # numbers the process gets them under).
@@ -206,9 +227,11 @@ class _Start:
         argv, stdin, stdout, pass_fds = self._args
         popen = None
         try:
+            # From this long-lived spawner thread: the parent-death signal fires when the
+            # thread that forked dies, so nsjail dies with the daemon and never before.
             popen = subprocess.Popen(
-                argv, stdin=stdin, stdout=stdout, stderr=subprocess.STDOUT,
-                pass_fds=pass_fds, env={}, start_new_session=True,
+                [*DIE_WITH_PARENT, *argv], stdin=stdin, stdout=stdout,
+                stderr=subprocess.STDOUT, pass_fds=pass_fds, env={}, start_new_session=True,
             )  # fmt: skip
             return popen
         finally:
@@ -242,13 +265,15 @@ class _Start:
 
 class Jail:
     """A started nsjail process, its pipes read into capped buffers, its uid held (close
-    ``uid_lock`` to give the uid back, once the jail is reaped)."""
+    ``uid_lock`` to give the uid back, once the jail is reaped: its lock file is cleared
+    when nsjail exited by itself, having reaped the jail, or when the jail's leftovers
+    were seen gone; else the uid's next lease looks for its processes)."""
 
     def __init__(
         self,
         proc: _Process,
         uid: int,
-        uid_lock: IO[str],
+        uid_lock: UidLock,
         stdin: asyncio.WriteTransport,
         result: _Capped,
         jail_log: _Capped,
@@ -257,6 +282,7 @@ class Jail:
         self.proc = proc
         self.uid = uid
         self.uid_lock = uid_lock
+        uid_lock.watch(proc)
         self.stdin = stdin
         self.result = result
         self.jail_log = jail_log
@@ -282,7 +308,8 @@ class Jail:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
             await self.proc.wait()
-            await asyncio.to_thread(kill_leftovers, self.uid, LEFTOVER_WAIT_S)
+            left = await asyncio.to_thread(kill_leftovers, self.uid, LEFTOVER_WAIT_S)
+            self.uid_lock.clean = not left
 
     async def end(self, grace_s: float) -> None:
         """``grace_s`` for the jail to exit by itself, then it is stopped."""
@@ -294,7 +321,7 @@ class Jail:
 
 
 async def start_jail(
-    command: Command, uid: int, uid_lock: IO[str], *, result_cap: int, log_cap: int
+    command: Command, uid: int, uid_lock: UidLock, *, result_cap: int, log_cap: int
 ) -> Jail:
     """Start the jail ``command`` describes, whose outside uid is ``uid`` (held by
     ``uid_lock``), with its pipes: stdin (the request goes there when the call comes),
@@ -339,46 +366,3 @@ async def start_jail(
         _SPAWNER.submit(proc.reap_then, uid_lock.close)
         raise
     return Jail(proc, uid, uid_lock, stdin, result, jail_log, logs)
-
-
-def _processes_of(uid: int, pids: list[str] | None = None) -> list[str]:
-    """Those of ``pids`` (all, from the host's /proc, by default) whose real uid is ``uid``
-    and that still run: a zombie is dead, its parent (the host's init, once nsjail is gone)
-    reaps it, and it holds no memory, no CPU and no file."""
-    found = []
-    for pid in pids if pids is not None else os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        with (
-            contextlib.suppress(OSError, ValueError, IndexError),
-            open(f"/proc/{pid}/status", "rb") as status,
-        ):
-            for line in status:
-                if line.startswith(b"State:") and line.split()[1] in (b"Z", b"X"):
-                    break
-                if line.startswith(b"Uid:"):
-                    if int(line.split()[1]) == uid:
-                        found.append(pid)
-                    break
-    return found
-
-
-def kill_leftovers(uid: int, within_s: float) -> list[str]:
-    """SIGKILL every process of ``uid`` (a jail's own outside uid, leased to it alone: no
-    other process runs as it) until none is left running, for at most ``within_s``; the
-    pids still there then. Each is signalled through a pidfd opened before its uid is checked,
-    so a pid reused meanwhile is never hit."""
-    deadline = time.monotonic() + within_s
-    while True:
-        left = _processes_of(uid)
-        if not left or time.monotonic() >= deadline:
-            return left
-        for pid in left:
-            with contextlib.suppress(OSError):
-                pidfd = os.pidfd_open(int(pid))
-                try:
-                    if _processes_of(uid, [pid]):
-                        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                finally:
-                    os.close(pidfd)
-        time.sleep(0.01)
