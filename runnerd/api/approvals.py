@@ -153,7 +153,9 @@ async def _decide(request: Request, state: AppState, approve: bool) -> Response:
     decided = await state.governor.decide(
         str(request.path_params["approvalId"]), approve=approve, who=caller.principal()
     )
-    return json_response(_approval_info(decided))
+    # As the list shows it: with its app and version (decided: nobody may decide it now).
+    shown = await state.store.io(state.store.find_approval, decided.id) or decided
+    return json_response(_approval_info(shown, may_decide=False))
 
 
 async def approve(request: Request, state: AppState) -> Response:
