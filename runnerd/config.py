@@ -61,7 +61,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Where the files sandboxes mount live (tool code, package envs): every folder above
     # it must be o+x. Default: the data dir if it qualifies, else /var/cache/runnerd.
     cache_dir: Path | None = None
-    # Outside uids/gids for runs: [base, base + count), one per concurrent run.
+    # Outside uids/gids of jails: [base, base + count), one per live jail; the last is the
+    # package builders' (one build at a time per host), the others are runs'.
     sandbox_uid_base: int = 200_000
     sandbox_uid_count: int = 1_000
     # Lock files of the outside uids in use, host-wide: every runnerd on the host (each
@@ -108,8 +109,9 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # share it; random otherwise). Every node of a cluster needs the same one.
     audit_key: str | None = None
     audit_key_file: Path | None = None
-    # A node renews its lease on the database every node_lease_s / 3; when a node has not
-    # renewed it for node_lease_s (killed, cut off), another node closes its runs.
+    # A node renews its lease on the database every node_lease_s / 3 (leases are in the
+    # database's clock); when a node has not renewed it for node_lease_s (killed, cut off),
+    # another node closes its runs, once itself in touch for node_lease_s (docs/SCALING.md).
     node_lease_s: float = 15.0
     # Write calls from chat and relays wait for approval this long before expiring.
     approval_ttl_s: int = 900
@@ -273,6 +275,11 @@ def load_settings(
             )
     if settings.log_format not in ("text", "json"):
         raise ConfigError(f"invalid setting log_format: {settings.log_format!r} (text or json)")
+    if settings.sandbox_uid_count < 2:  # the range's last uid is the package builders'
+        raise ConfigError(
+            f"invalid setting sandbox_uid_count: {settings.sandbox_uid_count} "
+            "(at least 2: one uid for package builds, the others for runs)"
+        )
     for name in ("http_header_timeout_s", "http_body_timeout_s"):
         if not 0 < getattr(settings, name) <= L.MAX_HTTP_TIMEOUT_S:  # NaN fails this too
             raise ConfigError(

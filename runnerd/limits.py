@@ -273,6 +273,27 @@ DB_THREADS: Final = 8
 MAX_DATABASE_CONNECTIONS: Final = 1000
 SQLITE_BUSY_TIMEOUT_S: Final = 10  # runnerd: a store write waits this long for SQLite's lock
 POSTGRES_CONNECT_TIMEOUT_S: Final = 5  # runnerd: after it, the database is unavailable
+# runnerd: the bound on what a frozen or cut-off node can hold (docs/SCALING.md, *A node
+# that freezes*), set on each of a node's PostgreSQL connections unless its role, its
+# database or the URL's options set them. A write transaction idle this long (its node
+# stopped between two statements) is ended by the server, which frees its locks; a store
+# transaction's statements follow each other within milliseconds.
+POSTGRES_IDLE_IN_TRANSACTION_S: Final = 3
+# A statement waits this long for a lock (the write lock), then 503 DATABASE_UNAVAILABLE
+# with Retry-After; more than the idle bound, so a frozen holder is cut before its waiters.
+POSTGRES_LOCK_TIMEOUT_S: Final = 5
+# One statement of the store runs at most this long, lock wait included (0: no bound, for
+# `admin migrate` and `admin copy`, whose statements cover whole tables).
+POSTGRES_STATEMENT_TIMEOUT_S: Final = 10
+# TCP (libpq's keepalives and tcp_user_timeout, unless the URL sets them): a database host
+# gone silent is found in keepalives_idle + interval x count s while a node waits for an
+# answer (11 s), and data it sent unacknowledged fails the connection after 10 s.
+POSTGRES_KEEPALIVES_IDLE_S: Final = 5
+POSTGRES_KEEPALIVES_INTERVAL_S: Final = 2
+POSTGRES_KEEPALIVES_COUNT: Final = 3
+POSTGRES_TCP_USER_TIMEOUT_S: Final = 10
+# runnerd: /readyz waits this long for the store's answer, then says not ready (503).
+READY_STORE_TIMEOUT_S: Final = 2
 BACKUP_BUSY_TIMEOUT_S: Final = 30  # runnerd: a backup waits this long for a live store's lock
 BACKUP_STEP_PAGES: Final = 256  # runnerd: pages a backup copies before it lets writers in
 COPY_BATCH_ROWS: Final = 500  # runnerd: rows `store copy` inserts at once

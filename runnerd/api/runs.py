@@ -24,7 +24,7 @@ from runnerd.api.bodies import (
 from runnerd.api.ops import INSTALL_ID, Op, Param, int_query, json_response
 from runnerd.api.state import AppState
 from runnerd.errors import RunNotFound
-from runnerd.govern.results import may_see_output
+from runnerd.govern.results import RUN_INTERRUPTED, may_see_output
 from runnerd.limits import MAX_DESTINATION_CHARS, MAX_ID_CHARS, MAX_NAME_CHARS
 from runnerd.store import RunRow
 
@@ -82,6 +82,8 @@ async def get_run(request: Request, state: AppState) -> Response:
         detail = RunDetail(
             run=detail.run, output=cached.output, error=cached.error, output_available=True
         )
+    elif entitled and row.error_kind == "interrupted":  # no node holds a result: say why
+        detail = RunDetail(run=detail.run, error=RUN_INTERRUPTED)
     return json_response(detail)
 
 

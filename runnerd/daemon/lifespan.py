@@ -37,6 +37,7 @@ from runnerd.mcp.endpoint import McpEndpoint
 from runnerd.model import Language
 from runnerd.run.jail import JailKind
 from runnerd.run.machine import Machine, build_machine
+from runnerd.run.package_envs import EnvWarmer
 from runnerd.run.runtimes import Runtimes
 from runnerd.store import Store
 from runnerd.vault import Vault
@@ -76,7 +77,7 @@ async def lifespan(
         settings=settings,
         store=store,
         machine=machine,
-        limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
+        limiter=RateLimiter.from_settings(settings, store),  # this node's share of the limits
         governor=governor,
         signer=CookieSigner.from_file(settings.data_dir / "session.key"),
         call_signer=CookieSigner(vault.derive("mcp request state")),
@@ -86,6 +87,9 @@ async def lifespan(
     watch(app.state.runnerd)
     expiry = asyncio.ensure_future(_expire_approvals(governor))
     leases = asyncio.ensure_future(_keep_lease(store, governor, settings.node_lease_s))
+    shares = asyncio.ensure_future(app.state.runnerd.limiter.follow(store))
+    envs = EnvWarmer(machine.envs, store)  # installed versions' envs, built in the background
+    await envs.start()
     await _warm_up(machine)
     log.info("runnerd %s serving data dir %s", __version__, settings.data_dir)
     # Everything loaded so far lives as long as the daemon: out of the collector's
@@ -102,8 +106,10 @@ async def lifespan(
             await sessions
         except Exception as exc:  # MCP's sessions must not keep the rest from stopping
             log.error("the MCP session manager failed: %s", type(exc).__name__)
+        envs.stop()
         expiry.cancel()
         leases.cancel()
+        shares.cancel()
         await governor.drain(timeout=APPROVED_RUNS_DRAIN_S)
         await machine.sandbox.close()
         with contextlib.suppress(DatabaseUnavailable):  # else the lease runs out
@@ -190,8 +196,9 @@ async def _warm_up(machine: Machine) -> None:
 
 
 async def _keep_lease(store: Store, governor: Governor, lease_s: float) -> None:
-    """Renew this node's lease, close the runs of nodes whose lease ran out, and write
-    the ends of runs that finished while the database was away."""
+    """Renew this node's lease, close the runs of nodes whose lease ran out (once this
+    node has been in touch with the database for a whole lease), and write the ends of
+    runs that finished while the database was away."""
     while True:
         await asyncio.sleep(lease_s / 3)
         try:
@@ -199,9 +206,9 @@ async def _keep_lease(store: Store, governor: Governor, lease_s: float) -> None:
             if not await store.io(store.renew_lease, lease_s):
                 log.error(
                     "this node's lease on the database ran out and another node closed its "
-                    "runs; results of runs still going here will not be recorded"
+                    "runs as interrupted; the runs still going here correct them as they end"
                 )
-                await store.io(store.join, socket.gethostname(), os.getpid(), __version__, lease_s)
+                await store.io(store.rejoin, lease_s)
             closed = await store.io(store.recover_lost_nodes)
             if closed:
                 log.warning("closed %d run(s) of a node that stopped answering", len(closed))

@@ -31,7 +31,7 @@ from runnerd.govern.admission import Principal, RunGate, require_runner
 from runnerd.govern.approvals import Approvals, CallOf, Held
 from runnerd.govern.idempotency import IdempotencyKeys, check_key, request_hash
 from runnerd.govern.notify import Notifier
-from runnerd.govern.results import CallResult, Pending, ResultCache
+from runnerd.govern.results import RUN_INTERRUPTED, CallResult, Pending, ResultCache
 from runnerd.ids import new_id
 from runnerd.limits import MAX_CALL_WAIT_S
 from runnerd.metrics import METRICS
@@ -309,7 +309,11 @@ class Governor:
         idempotency_key: str | None = None,
     ) -> CallResult:
         """Wait for a run slot (or RunQueueFull), admit the run against the budget (its
-        row and reservation), then execute it."""
+        row and reservation), then execute it. Its package env is ready first (or
+        EnvNotReady): a build is waited for before the run starts, never billed."""
+        envs = self.pipeline.envs
+        if tool.packages and envs is not None:
+            await envs.wait_ready(tool.language, tuple(tool.packages), tool.timeout_ms / 1000)
         async with self.gate.admit() as slot:
             run_id = await self._start_run(
                 install, tool, who, surface, version_id, workflow_run_id, key=idempotency_key
@@ -497,13 +501,15 @@ class Governor:
 
     async def recorded(self, run_id: str) -> CallResult:
         """A finished run's result: from memory when still there, else its record (the
-        output and error are never stored, so they are null then)."""
+        output and error are never stored, so they are null then; a run closed as
+        interrupted says so in its error, RUN_INTERRUPTED)."""
         cached = self.results.get(run_id)
         if cached is not None:
             return cached
         row = await self.store.io(self.store.get_run, run_id)
         assert row is not None
-        return CallResult(run_id, row.status, None, None, row.duration_ms or 0)
+        error = RUN_INTERRUPTED if row.error_kind == "interrupted" else None
+        return CallResult(run_id, row.status, None, error, row.duration_ms or 0)
 
     # --- approvals --------------------------------------------------------------------------
 

@@ -13,7 +13,11 @@ import msgspec
 
 from runnerd.model import Role, RunStatus
 
-__all__ = ["CallResult", "Pending", "ResultCache", "may_see_output"]
+__all__ = ["RUN_INTERRUPTED", "CallResult", "Pending", "ResultCache", "may_see_output"]
+
+# The error of a run closed as interrupted (its errorKind), once no node holds its result:
+# its node was killed, cut off or stopped before the run ended (docs/API.md).
+RUN_INTERRUPTED = "interrupted: the node running it stopped before the run ended"
 
 
 @dataclass(frozen=True)

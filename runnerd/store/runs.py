@@ -230,9 +230,15 @@ class RunsStore(AuditStore):
         ``egress``: what it reached through the proxy, per destination (figures, never
         payloads; scrubbed by the pipeline), kept in the run's row for its history.
         ``egress_audit``: what the audit entry keeps of it (counts per grant entry and per
-        refusal reason, EgressPass.summary): never a destination the tool named."""
+        refusal reason, EgressPass.summary): never a destination the tool named.
+
+        A run of this node that another node closed as interrupted (this node's lease ran
+        out while it still ran it) is corrected to its real end instead (``_correct``)."""
         with self._write():
-            self._finish(run_id, status, duration_ms, error_kind, key_id, egress, egress_audit)
+            self._finish(
+                run_id, status, duration_ms, error_kind, key_id, egress, egress_audit,
+                correct=True,
+            )  # fmt: skip
 
     def _finish(
         self,
@@ -243,13 +249,21 @@ class RunsStore(AuditStore):
         key_id: str | None,
         egress: list[dict[str, Any]] | None = None,
         egress_audit: dict[str, Any] | None = None,
+        *,
+        correct: bool = False,
     ) -> None:
         row = self.db.execute(
             """SELECT workspace_id, install_id, app_id, version_id, tool, user_id, surface,
-                      workflow_run_id, reserved_ms, month, status FROM runs WHERE id = ?""",
+                      workflow_run_id, reserved_ms, month, status, error_kind, duration_ms,
+                      node_id FROM runs WHERE id = ?""",
             [run_id],
         ).fetchone()
-        if row is None or row[10] != "running":
+        if row is None:
+            return
+        if row[10] != "running":
+            closed_by_another = row[10] == "failed" and row[11] == "interrupted"
+            if correct and closed_by_another and row[13] is not None and row[13] == self.node_id:
+                self._correct(run_id, row, status, duration_ms, error_kind, egress)
             return
         (
             workspace_id,
@@ -262,7 +276,7 @@ class RunsStore(AuditStore):
             workflow_run_id,
             reserved_ms,
             month,
-            _,
+            *_,
         ) = row
         now = utc_now()
         self.db.execute(
@@ -309,6 +323,46 @@ class RunsStore(AuditStore):
                 "runId": run_id,
                 **({"workflowRunId": workflow_run_id} if workflow_run_id else {}),
                 **({"egress": egress_audit} if egress_audit is not None else {}),
+            },
+        )
+
+    def _correct(
+        self,
+        run_id: str,
+        row: Any,
+        status: RunEnd,
+        duration_ms: int,
+        error_kind: str | None,
+        egress: list[dict[str, Any]] | None,
+    ) -> None:
+        """The real end of a run another node closed as interrupted while this node still
+        ran it: its row, its ledger row and its install's month of use take the real
+        status and duration, and a ``run.corrected`` entry names the before and after."""
+        workspace_id, install_id, _, version_id, tool, _, surface = row[:7]
+        month, before_kind, before_ms = row[9], row[11], row[12] or 0
+        self.db.execute(
+            "UPDATE runs SET status = ?, duration_ms = ?, error_kind = ?, egress = ? WHERE id = ?",
+            [status, duration_ms, error_kind, _json_or_null(egress), run_id],
+        )
+        self.db.execute(
+            "UPDATE ledger SET sandbox_ms = ? WHERE run_id = ? AND kind = ?",
+            [duration_ms, run_id, LEDGER_KIND_TOOL],
+        )
+        self._usage(install_id, month, duration_ms - before_ms, 0)
+        self._append_audit(
+            "run.corrected",
+            workspace_id=workspace_id,
+            install_id=install_id,
+            version_id=version_id,
+            tool=tool,
+            surface=surface,
+            status=status,
+            duration_ms=duration_ms,
+            reason=error_kind,
+            detail={
+                "runId": run_id,
+                "before": {"status": "failed", "errorKind": before_kind, "durationMs": before_ms},
+                "after": {"status": status, "errorKind": error_kind, "durationMs": duration_ms},
             },
         )
 

@@ -417,6 +417,12 @@ def _m12_idempotent_approvals(db: Database) -> None:
     db.ddl("ALTER TABLE idempotency ADD COLUMN approval_id TEXT")
 
 
+def _m13_node_leases(db: Database) -> None:
+    """Each node's own clock at its last renewal (leases are in the database's clock): an
+    interrupted run is metered from its start to its node's last renewal, on one clock."""
+    db.ddl("ALTER TABLE nodes ADD COLUMN renewed_at TEXT")
+
+
 # Append only: a migration, once released, never changes.
 MIGRATIONS: list[Callable[[Database], None]] = [
     _m1_apps_and_versions,
@@ -431,4 +437,5 @@ MIGRATIONS: list[Callable[[Database], None]] = [
     _m10_oauth,
     _m11_approval_rules,
     _m12_idempotent_approvals,
+    _m13_node_leases,
 ]
