@@ -3,6 +3,7 @@ no authentication, for load balancers and service managers."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from starlette.requests import Request
@@ -12,6 +13,7 @@ from runnerd.api.bodies import Health
 from runnerd.api.ops import Op, json_response
 from runnerd.api.state import AppState
 from runnerd.errors import NotReady
+from runnerd.limits import READY_STORE_TIMEOUT_S
 
 __all__ = ["OPS"]
 
@@ -21,14 +23,19 @@ async def healthz(request: Request, state: AppState) -> Response:
 
 
 async def readyz(request: Request, state: AppState) -> Response:
-    """Ready: the store answers, nsjail can be run, and a Python or a Node was found;
-    503 SERVICE_UNAVAILABLE with each check's finding otherwise."""
+    """Ready: the store answers (within READY_STORE_TIMEOUT_S), nsjail can be run, and
+    a Python or a Node was found; 503 SERVICE_UNAVAILABLE with each check's finding
+    otherwise."""
     checks: dict[str, str] = {}
-    try:
-        await state.store.io(state.store.ping)
-        checks["store"] = "ok"
-    except Exception as exc:
+    ping = asyncio.ensure_future(state.store.io(state.store.ping))
+    done, _ = await asyncio.wait({ping}, timeout=READY_STORE_TIMEOUT_S)
+    if not done:  # a database cut off, or every store thread held: left to end by itself
+        ping.add_done_callback(lambda f: f.cancelled() or f.exception())
+        checks["store"] = f"error: no answer within {READY_STORE_TIMEOUT_S} s"
+    elif (exc := ping.exception()) is not None:
         checks["store"] = f"error: {type(exc).__name__}"
+    else:
+        checks["store"] = "ok"
     nsjail = state.machine.sandbox.nsjail
     checks["nsjail"] = "ok" if os.access(nsjail, os.X_OK) else f"missing: {nsjail}"
     rt = state.machine.runtimes

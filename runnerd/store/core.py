@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, Self, TypeVar
 
 from runnerd.errors import StoreUnavailable
-from runnerd.limits import DB_THREADS
+from runnerd.limits import DB_THREADS, POSTGRES_STATEMENT_TIMEOUT_S
 from runnerd.store.audit_key import audit_key_of, chain_key
 from runnerd.store.db import Database, SQLiteDatabase, open_database
 from runnerd.store.schema import MIGRATIONS
@@ -68,8 +68,10 @@ class StoreBase:
         if isinstance(target, Path):
             self.db: Database = SQLiteDatabase(target)
         elif isinstance(target, str):
-            try:
-                self.db = open_database(target)
+            try:  # migrations and `admin copy` cover whole tables: no bound on a statement
+                self.db = open_database(
+                    target, statement_timeout_s=0 if migrate else POSTGRES_STATEMENT_TIMEOUT_S
+                )
             except (ConnectionError, ValueError) as error:
                 raise StoreUnavailable(str(error)) from None
         else:

@@ -13,7 +13,10 @@ as an int, and spells the few types SQLite and PostgreSQL name differently.
 Writes keep SQLite's rule on both: one writer at a time. On PostgreSQL a write
 transaction first takes a transaction-level advisory lock, so every read-then-write in
 the store (budget reservations, idempotency keys, approval claims, the audit chain) is
-as atomic across nodes as it is in one SQLite file.
+as atomic across nodes as it is in one SQLite file. Every connection bounds what a node
+that freezes or is cut off can hold (``_PG_SESSION``, ``_PG_TCP``; limits.py): the
+server ends a transaction idle past its bound, which frees the lock, and a statement
+waits for a lock, or runs, only so long.
 """
 
 from __future__ import annotations
@@ -36,7 +39,17 @@ import sqlite_utils
 
 from runnerd.config import redact_url
 from runnerd.errors import DatabaseUnavailable
-from runnerd.limits import POSTGRES_CONNECT_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_S
+from runnerd.limits import (
+    POSTGRES_CONNECT_TIMEOUT_S,
+    POSTGRES_IDLE_IN_TRANSACTION_S,
+    POSTGRES_KEEPALIVES_COUNT,
+    POSTGRES_KEEPALIVES_IDLE_S,
+    POSTGRES_KEEPALIVES_INTERVAL_S,
+    POSTGRES_LOCK_TIMEOUT_S,
+    POSTGRES_STATEMENT_TIMEOUT_S,
+    POSTGRES_TCP_USER_TIMEOUT_S,
+    SQLITE_BUSY_TIMEOUT_S,
+)
 
 __all__ = ["Database", "PostgresDatabase", "SQLiteDatabase", "open_database"]
 
@@ -74,12 +87,15 @@ class Database(Protocol):
     def close(self) -> None: ...
 
 
-def open_database(url: str) -> Database:
-    """``sqlite:///absolute/path.db`` or ``postgresql://user:pass@host:port/db``."""
+def open_database(
+    url: str, *, statement_timeout_s: float = POSTGRES_STATEMENT_TIMEOUT_S
+) -> Database:
+    """``sqlite:///absolute/path.db`` or ``postgresql://user:pass@host:port/db``.
+    ``statement_timeout_s``: PostgreSQL's bound on one statement (0: none)."""
     if url.startswith("sqlite:///"):
         return SQLiteDatabase(Path(url.removeprefix("sqlite://")))
     if url.startswith(("postgresql://", "postgres://")):
-        return PostgresDatabase(url)
+        return PostgresDatabase(url, statement_timeout_s=statement_timeout_s)
     raise ValueError(f"database_url {redact_url(url)!r}: expected sqlite:///PATH or postgresql://…")
 
 
@@ -214,6 +230,23 @@ def _hung_up(conn: Any) -> bool:
     return bool(poller.poll(0))
 
 
+# libpq's TCP parameters (ignored on a Unix socket); a URL that names one keeps its own.
+_PG_TCP = {
+    "keepalives": "1",
+    "keepalives_idle": str(POSTGRES_KEEPALIVES_IDLE_S),
+    "keepalives_interval": str(POSTGRES_KEEPALIVES_INTERVAL_S),
+    "keepalives_count": str(POSTGRES_KEEPALIVES_COUNT),
+    "tcp_user_timeout": str(POSTGRES_TCP_USER_TIMEOUT_S * 1000),  # milliseconds
+}
+# The session's bounds, in one round trip when a connection is made: each one that the
+# role, the database or the URL's options (``options=-c lock_timeout=30s``) set is kept.
+_PG_SESSION = (
+    "SELECT set_config(s.name, ours.value, false) FROM pg_settings AS s "
+    "JOIN unnest(%s::text[], %s::text[]) AS ours(name, value) ON ours.name = s.name "
+    "WHERE s.source NOT IN ('client', 'user', 'database', 'database user')"
+)
+
+
 def _unreachable(where: str, error: Exception) -> str:
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return f"PostgreSQL at {where} did not answer: {first}"
@@ -227,8 +260,11 @@ class PostgresDatabase:
 
     dialect = "postgresql"
 
-    def __init__(self, url: str) -> None:
+    def __init__(
+        self, url: str, *, statement_timeout_s: float = POSTGRES_STATEMENT_TIMEOUT_S
+    ) -> None:
         import psycopg
+        from psycopg.conninfo import conninfo_to_dict
         from psycopg.types.numeric import NumericLoader
 
         class _IntegralNumeric(NumericLoader):
@@ -241,6 +277,16 @@ class PostgresDatabase:
 
         self.where = redact_url(url)
         self._url = url
+        try:
+            given = conninfo_to_dict(url)
+        except psycopg.ProgrammingError:  # psycopg.connect says what is wrong with it
+            given = {}
+        self._tcp: dict[str, Any] = {k: v for k, v in _PG_TCP.items() if k not in given}
+        self._session = {
+            "idle_in_transaction_session_timeout": f"{POSTGRES_IDLE_IN_TRANSACTION_S}s",
+            "lock_timeout": f"{POSTGRES_LOCK_TIMEOUT_S}s",
+            "statement_timeout": f"{int(statement_timeout_s * 1000)}ms",
+        }
         self._psycopg = psycopg
         self._loader = _IntegralNumeric
         self._dict_row = psycopg.rows.dict_row
@@ -272,8 +318,14 @@ class PostgresDatabase:
                 autocommit=True,
                 connect_timeout=POSTGRES_CONNECT_TIMEOUT_S,
                 application_name=APPLICATION_NAME,
+                **self._tcp,
             )
         except self._psycopg.OperationalError as error:
+            raise DatabaseUnavailable(_unreachable(self.where, error)) from None
+        try:
+            conn.execute(_PG_SESSION, [list(self._session), list(self._session.values())])
+        except self._psycopg.OperationalError as error:
+            conn.close()
             raise DatabaseUnavailable(_unreachable(self.where, error)) from None
         conn.adapters.register_loader("numeric", self._loader)
         return conn
@@ -310,12 +362,19 @@ class PostgresDatabase:
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
-        """PostgreSQL not answering becomes DatabaseUnavailable (503, Retry-After). A
-        connection that broke makes every thread's connection suspect: each makes its
-        own again before its next transaction."""
+        """PostgreSQL not answering becomes DatabaseUnavailable (503, Retry-After): also
+        a lock or a statement past its bound, and a transaction the server ended for
+        idling past its bound (this node stopped in it). A connection that broke makes
+        every thread's connection suspect: each makes its own again before its next
+        transaction."""
+        errors = self._psycopg.errors
         try:
             yield
-        except (self._psycopg.OperationalError, self._psycopg.InterfaceError) as error:
+        except (
+            self._psycopg.OperationalError,  # lock_timeout, statement_timeout among them
+            self._psycopg.InterfaceError,
+            errors.IdleInTransactionSessionTimeout,
+        ) as error:
             conn = getattr(self._local, "conn", None)
             if conn is None or conn.closed or conn.broken:
                 self._generation += 1
@@ -407,6 +466,29 @@ class PostgresDatabase:
             "ON CONFLICT (id) DO UPDATE SET version = excluded.version",
             [version],
         )
+
+    def listen(self, channel: str, stop: threading.Event) -> Iterator[str | None]:
+        """The payloads NOTIFY sends on ``channel``, on a connection of their own (not a
+        worker thread's), until ``stop`` is set (seen within a second). Yields None
+        each time it (re)connects: what was sent while it was away is lost, so the
+        caller looks again. A database away is tried again every second."""
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", channel):
+            raise ValueError(f"not a channel name: {channel!r}")
+        while not stop.is_set():
+            try:
+                conn = self._connect()
+            except DatabaseUnavailable:
+                stop.wait(1.0)
+                continue
+            try:
+                with conn:
+                    conn.execute(f"LISTEN {channel}")
+                    yield None
+                    while not stop.is_set():
+                        for note in conn.notifies(timeout=1.0):
+                            yield note.payload
+            except (self._psycopg.OperationalError, self._psycopg.InterfaceError):
+                stop.wait(1.0)
 
     def close(self) -> None:
         with self._opened_lock:
