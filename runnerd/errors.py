@@ -51,6 +51,7 @@ __all__ = [
     "DuplicateSessionId",
     "EgressNotRequested",
     "EnvBuildFailed",
+    "EnvNotReady",
     "HostNotAllowed",
     "IdempotencyConflict",
     "InputRejected",
@@ -694,6 +695,18 @@ class SandboxUnavailable(RunnerdError):
 
 class EnvBuildFailed(RunnerdError):
     """An installer refused; the message is the installer's own."""
+
+
+class EnvNotReady(RunnerdError):
+    """The tool's package environment is not built on this node yet (a build under way
+    for longer than the tool's timeout, or one that failed here); no run started. Try
+    again after ``Retry-After`` (or on another node)."""
+
+    reason, status = "ENV_NOT_READY", 503
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ToolchainError(RunnerdError):

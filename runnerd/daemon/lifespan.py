@@ -2,10 +2,10 @@
 
 At start: the run machine, the data dir's lock, the store (and its checks of the audit
 key and the secrets key), this node's place in the database, the governor, the app's
-state, the background upkeep (approval expiry, the node's lease) and warm jails. At
-stop, in this order: MCP's sessions, the upkeep, the governor's drain of calls still
-going, the jails, the ends of runs the database missed, the node's lease, the store,
-the lock.
+state, the background upkeep (approval expiry, the node's lease, the package envs its
+installs need: run/package_envs.py EnvWarmer) and warm jails. At stop, in this order:
+MCP's sessions, the upkeep, the governor's drain of calls still going, the jails, the
+ends of runs the database missed, the node's lease, the store, the lock.
 """
 
 from __future__ import annotations

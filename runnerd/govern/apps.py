@@ -21,6 +21,7 @@ from runnerd.errors import (
 from runnerd.govern.admission import Principal
 from runnerd.govern.governor import Governor
 from runnerd.model import Bundle
+from runnerd.run.package_envs import announce
 from runnerd.store import AppRecord, InstallRecord, Store, VersionRecord
 
 __all__ = [
@@ -64,14 +65,18 @@ def add_version(
     slug becomes the workspace's; one another workspace owns is refused
     (AppOwnedByAnotherWorkspace). Ownership is checked in the transaction that adds the
     version, so of two workspaces deploying one new slug at once, one owns it and the
-    other is refused as any later deploy would be."""
+    other is refused as any later deploy would be. Every other node is told to build
+    the version's package envs (``announce``; this node built them before)."""
 
     def check(app: AppRecord) -> AppRecord:
         return check_owner(app, workspace_id)
 
-    return store.add_version(
+    version = store.add_version(
         bundle, workspace_id=workspace_id, user_id=user_id, key_id=key_id, check_app=check
     )
+    if any(tool.packages for tool in bundle.tools):
+        announce(store, version.id)
+    return version
 
 
 def published_version(store: Store, slug: str, version: str) -> VersionRecord:
@@ -96,6 +101,7 @@ async def install_version(
     install = await store.io(
         store.create_install, workspace_id, found.app_id, found.id, who.user_id, key_id=who.key_id
     )
+    await store.io(announce, store, found.id)  # a node that missed the deploy builds now
     await governor.tools_changed()
     return install
 
@@ -110,6 +116,7 @@ async def switch_install(
     switched = await store.io(
         store.switch_install, install.id, found.id, user_id=who.user_id, key_id=who.key_id
     )
+    await store.io(announce, store, found.id)
     await governor.tools_changed()
     return switched
 
@@ -125,6 +132,7 @@ async def rollback_install(
     )
     if rolled is None:
         raise NoPreviousVersion
+    await store.io(announce, store, rolled.version_id)
     await governor.tools_changed()
     return rolled
 

@@ -21,6 +21,7 @@ for every installed version (``EnvWarmer``), each in the background.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -28,6 +29,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -40,7 +42,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from runnerd.errors import EnvBuildFailed, EnvNotReady, SandboxUnavailable
+from runnerd.errors import (
+    DatabaseUnavailable,
+    EnvBuildFailed,
+    EnvNotReady,
+    SandboxUnavailable,
+)
 from runnerd.ids import utc_now
 from runnerd.limits import (
     BUILD_KILL_SLACK_S,
@@ -225,7 +232,9 @@ class EnvManager:
                 path = self.ensure_sync(language, packages)
         except Exception as exc:  # EnvBuildFailed, or the host refused (a full disk)
             self._failed_at[key] = time.monotonic()
-            log.warning("building the package env %s failed: %s", key, str(exc)[-500:])
+            log.warning(
+                "building the package env %s failed: %s", key, _no_userinfo(str(exc))[-500:]
+            )
             future.set_exception(
                 exc if isinstance(exc, EnvBuildFailed) else EnvBuildFailed(str(exc))
             )
@@ -257,7 +266,8 @@ class EnvManager:
             left = ENV_FAILED_RETRY_S - (time.monotonic() - self._failed_at.get(key, 0.0))
             raise EnvNotReady(
                 f"the package environment of this tool ({key}) could not be built on this "
-                f"node; it is tried again within {ENV_FAILED_RETRY_S:.0f} s: {str(exc)[-1000:]}",
+                f"node; it is tried again within {ENV_FAILED_RETRY_S:.0f} s: "
+                f"{_no_userinfo(str(exc))[-1000:]}",
                 retry_after_s=max(1, math.ceil(left)),
             ) from None
 
@@ -461,9 +471,14 @@ class EnvManager:
 
 def announce(store: Store, version_id: str) -> None:
     """Tell every node (on PostgreSQL) that ``version_id``'s envs are needed, so each
-    builds the ones it lacks in the background. SQLite has one node: nothing to do."""
+    builds the ones it lacks in the background. SQLite has one node: nothing to do.
+    Best effort: what it announces is stored already, so the database away now is
+    logged, not raised (a node builds at its next start, announcement or call)."""
     if store.db.dialect == "postgresql":
-        store.db.execute("SELECT pg_notify(?, ?)", [ENV_CHANNEL, version_id])
+        try:
+            store.db.execute("SELECT pg_notify(?, ?)", [ENV_CHANNEL, version_id])
+        except DatabaseUnavailable as exc:
+            log.warning("could not announce version %s to the other nodes: %s", version_id, exc)
 
 
 def _installed_packages(store: Store) -> list[tuple[Language, tuple[str, ...]]]:
@@ -512,14 +527,10 @@ class EnvWarmer:
         self._build(await self.store.io(_version_packages, self.store, version_id))
 
     def _build(self, wanted: list[tuple[Language, tuple[str, ...]]]) -> None:
-        """Build each env this node lacks; once built (or if it was), keep warm jails
-        of its kind waiting, so the first call is as quick as the next."""
+        """Build each env this node lacks; once built, keep warm jails of its kind
+        waiting, so the first call is as quick as the next."""
         for language, packages in wanted:
             try:
-                found = self.envs.ready(language, packages)
-                if found is not None:
-                    self._warm(language, found)
-                    continue
                 future = self.envs.prepare(language, packages)
             except EnvBuildFailed as exc:  # no runtime for that language on this node
                 log.warning("a package env cannot be built on this node: %s", exc)
@@ -530,7 +541,8 @@ class EnvWarmer:
     def _built(self, language: Language, future: Future[Path | None]) -> None:
         if future.exception() is None and (path := future.result()) is not None:
             assert self._loop is not None
-            self._loop.call_soon_threadsafe(self._warm, language, path)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: stopping
+                self._loop.call_soon_threadsafe(self._warm, language, path)
 
     def _warm(self, language: Language, env_dir: Path) -> None:
         self.envs.sandbox.warm_pool.refill(JailKind(language, env_dir))
@@ -539,11 +551,20 @@ class EnvWarmer:
         for payload in listen(ENV_CHANNEL, self._stop):
             work = self.sweep() if payload is None else self.version(payload)
             assert self._loop is not None
-            done = asyncio.run_coroutine_threadsafe(work, self._loop)
+            try:
+                done = asyncio.run_coroutine_threadsafe(work, self._loop)
+            except RuntimeError:  # the loop is closed: the daemon is stopping
+                work.close()
+                return
             done.add_done_callback(_log_failure)
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _no_userinfo(text: str) -> str:
+    """``text`` without the user and password of any URL in it (a private index's)."""
+    return re.sub(r"://[^/@\s]+@", "://***@", text)
 
 
 def _log_failure(done: Any) -> None:

@@ -187,7 +187,9 @@ class Pipeline:
         scrub = Scrubber(secrets)
         env_dir = None
         if tool.packages and self.envs is not None:
+            building = time.monotonic()
             env_dir = await self.envs.ensure(tool.language, tuple(tool.packages))
+            started += time.monotonic() - building  # a build is never metered
         module, code = _code_file(tool)
         bytecode = None
         if tool.language == "python" and self.sandbox.python_bytecode:
