@@ -23,9 +23,9 @@ async def healthz(request: Request, state: AppState) -> Response:
 
 
 async def readyz(request: Request, state: AppState) -> Response:
-    """Ready: the store answers (within READY_STORE_TIMEOUT_S), nsjail can be run, and
-    a Python or a Node was found; 503 SERVICE_UNAVAILABLE with each check's finding
-    otherwise."""
+    """Ready: the store answers (within READY_STORE_TIMEOUT_S), nsjail can be run, a
+    Python or a Node was found, and the daemon is not stopping; 503 SERVICE_UNAVAILABLE
+    with each check's finding otherwise."""
     checks: dict[str, str] = {}
     ping = asyncio.ensure_future(state.store.io(state.store.ping))
     done, _ = await asyncio.wait({ping}, timeout=READY_STORE_TIMEOUT_S)
@@ -42,8 +42,12 @@ async def readyz(request: Request, state: AppState) -> Response:
     checks["python"] = rt.python.version if rt.python else "missing"
     checks["node"] = rt.node.version if rt.node else "missing"
     checks["cgroups"] = state.machine.cgroups.mode
+    stopping = state.governor.gate.closing  # draining: a balancer sends calls elsewhere
+    if stopping:
+        checks["admitting"] = "no: stopping"
     ready = (
-        checks["store"] == "ok"
+        not stopping
+        and checks["store"] == "ok"
         and checks["nsjail"] == "ok"
         and (rt.python is not None or rt.node is not None)
     )
@@ -58,7 +62,7 @@ OPS: list[Op] = [
         "GET",
         "/readyz",
         "readyz",
-        "Ready: store open, nsjail usable, a runtime found",
+        "Ready: store open, nsjail usable, a runtime found, not stopping",
         readyz,
         Health,
         errors=(500, 503),
