@@ -341,3 +341,10 @@ OAUTH_MAX_NAME_CHARS: Final = 200  # runnerd: a client's name, as the consent sc
 # runnerd: how often an MCP call sent to the Manage page (URL-mode elicitation) reads
 # whether its approval was decided, on any node.
 APPROVAL_POLL_S: Final = 0.5
+
+# --- Package environments on every node (run/package_envs.py) ------------------------------
+
+ENV_BUILDING_RETRY_S: Final = 5  # runnerd: Retry-After of ENV_NOT_READY while a build goes on
+# runnerd: after a failed background build, calls are answered ENV_NOT_READY for this long
+# before the node tries again (the registry is not asked again on every call).
+ENV_FAILED_RETRY_S: Final = 30.0

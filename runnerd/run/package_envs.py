@@ -57,6 +57,8 @@ from runnerd.limits import (
     BUILD_TIMEOUT_S,
     BUILD_TMP_BYTES,
     BUILDER_UID_WAIT_S,
+    ENV_BUILDING_RETRY_S,
+    ENV_FAILED_RETRY_S,
     LEFTOVER_WAIT_S,
 )
 from runnerd.metrics import METRICS
@@ -80,11 +82,6 @@ _META = "env.json"
 # The PostgreSQL channel a node announces a version on (its id) when its tools' envs are
 # needed: at deploy, install, switch and rollback. Every node LISTENs and builds.
 ENV_CHANNEL = "runnerd_envs"
-# Retry-After of ENV_NOT_READY while a build goes on.
-ENV_BUILDING_RETRY_S = 5
-# After a failed background build, calls are answered ENV_NOT_READY for this long
-# before the node tries again (the registry is not asked again on every call).
-ENV_FAILED_RETRY_S = 30.0
 
 # Network and TLS files an installer needs, where they exist.
 _NET_FILES = (
