@@ -5,9 +5,11 @@ of tests/inproc.py shares)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -280,15 +282,45 @@ def running_daemon(
             time.sleep(0.05)
         yield daemon
     finally:
+        # A wrapper (faketime) may not pass a signal on: its runnerd is stopped itself.
+        served = _descendants(proc.pid) if wrap else []
+        for pid in served:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
         proc.terminate()
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+        _reaped(served)
         log.close()
         if daemon is not None:
             daemon.http.close()
         shutil.rmtree(data, ignore_errors=True)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, nearest first."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop(0)
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                children = [int(c) for c in (task / "children").read_text().split()]
+                found += children
+                todo += children
+    return found
+
+
+def _reaped(pids: list[int], within_s: float = 20) -> None:
+    """Wait for ``pids`` (not our children: polled) to be gone; SIGKILL what is left."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.05)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @contextmanager
