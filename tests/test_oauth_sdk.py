@@ -47,12 +47,14 @@ class _Tokens:
 
 @contextlib.contextmanager
 def callback_server() -> Iterator[tuple[str, list[dict[str, list[str]]]]]:
-    """The client's loopback redirect target: records each query it is sent."""
+    """The client's loopback redirect target: records each query sent to /callback (the
+    browser may ask for /favicon.ico there too)."""
     received: list[dict[str, list[str]]] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            received.append(parse_qs(urlsplit(self.path).query))
+            if urlsplit(self.path).path == "/callback":
+                received.append(parse_qs(urlsplit(self.path).query))
             body = b"<!doctype html><title>done</title><p>You may close this tab."
             self.send_response(200)
             self.send_header("Content-Type", "text/html")
@@ -128,6 +130,7 @@ def test_the_sdk_signs_in_through_the_consent_screen_and_calls_a_tool(daemon: Ru
 
         async def callback_handler() -> AuthorizationCodeResult:
             query = received[-1]
+            assert "code" in query, query  # else the server's error, shown
             return AuthorizationCodeResult(
                 code=query["code"][0], state=query["state"][0], iss=query["iss"][0]
             )
