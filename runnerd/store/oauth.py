@@ -169,6 +169,7 @@ class OAuthStore(AuditStore):
 
     def _issue(
         self,
+        action: str,
         *,
         family: str,
         client_id: str,
@@ -180,7 +181,8 @@ class OAuthStore(AuditStore):
         access_ttl_s: int,
         refresh_ttl_s: int,
     ) -> IssuedTokens:
-        """A new access key and refresh token of ``family`` (in the caller's transaction)."""
+        """A new access key and refresh token of ``family`` (in the caller's transaction),
+        audited as ``action`` (``oauth.token.issue`` or ``.refresh``) for the person."""
         access = f"{ACCESS_PREFIX}{secrets.token_urlsafe(32)}"
         refresh = f"{REFRESH_PREFIX}{secrets.token_urlsafe(32)}"
         key_id = new_id("key")
@@ -208,6 +210,13 @@ class OAuthStore(AuditStore):
             [hash_key(refresh), new_id("ort"), family, client_id, user_id, workspace_id,
              json.dumps(list(scopes)), resource, key_id, now, _later(refresh_ttl_s)],
         )  # fmt: skip
+        self._append_audit(
+            action,
+            workspace_id=workspace_id,
+            actor_user_id=user_id,
+            actor_key_id=key_id,
+            detail={"clientId": client_id, "keyId": key_id, "scopes": list(scopes)},
+        )
         return IssuedTokens(access, refresh, access_ttl_s, scopes, key_id, user_id, workspace_id)
 
     def redeem_oauth_code(
@@ -237,6 +246,7 @@ class OAuthStore(AuditStore):
             if not self._member(workspace_id, user_id):
                 return None
             issued = self._issue(
+                "oauth.token.issue",
                 family=family,
                 client_id=client_id,
                 client_name=client_name,
@@ -247,14 +257,6 @@ class OAuthStore(AuditStore):
                 access_ttl_s=access_ttl_s,
                 refresh_ttl_s=refresh_ttl_s,
             )
-            self._append_audit(
-                "oauth.token.issue",
-                workspace_id=workspace_id,
-                actor_user_id=user_id,
-                actor_key_id=issued.key_id,
-                detail={"clientId": client_id, "keyId": issued.key_id,
-                        "scopes": list(issued.scopes)},
-            )  # fmt: skip
         return issued
 
     def oauth_refresh_token(self, refresh: str) -> dict[str, Any] | None:
@@ -310,6 +312,7 @@ class OAuthStore(AuditStore):
                 self._revoke_family(family, reason="access_ended")
                 return None
             issued = self._issue(
+                "oauth.token.refresh",
                 family=family,
                 client_id=client_id,
                 client_name=client_name,
@@ -319,13 +322,6 @@ class OAuthStore(AuditStore):
                 resource=row[3],
                 access_ttl_s=access_ttl_s,
                 refresh_ttl_s=refresh_ttl_s,
-            )
-            self._append_audit(
-                "oauth.token.refresh",
-                workspace_id=workspace_id,
-                actor_user_id=user_id,
-                actor_key_id=issued.key_id,
-                detail={"clientId": client_id, "keyId": issued.key_id, "scopes": list(scopes)},
             )
         return issued
 
