@@ -30,6 +30,7 @@ from test_mcp_contract import (
     _run,
     _session_headers,
 )
+from test_mcp_transport import INIT
 
 PER_PERSON = 3
 PER_WORKSPACE = 6
@@ -172,20 +173,10 @@ def test_past_the_workspaces_cap_an_idle_session_ends_then_503(app_daemon: InPro
         streams.append(_hold_the_stream(d, key, session_id, seen[-1]))
     assert all(s == ["open 200"] for s in seen), seen
     third_person = d.person("ws-cap-late@example.com")
-    init = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "late", "version": "1"},
-        },
-    }
     refused = d.fresh(
         "POST",
         _mcp_path(d),
-        json=init,
+        json=INIT,
         headers={
             "Authorization": f"Bearer {third_person}",
             "Accept": "application/json, text/event-stream",
