@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,6 +41,10 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # "https://runnerd.example.com" (behind a proxy): the Manage page's links in MCP
     # answers and webhooks, and the OAuth issuer. Default: http://<host>:<port>.
     public_url: str | None = None
+    # The address the other nodes of a cluster reach this one at, to ask for the results
+    # it holds in memory (docs/SCALING.md), such as "http://10.0.0.7:8000". Default:
+    # http://<host>:<port>, with a wildcard host (0.0.0.0, ::) read as this host's name.
+    node_url: str | None = None
     # Host header values /mcp and OAuth accept (DNS-rebinding protection), besides the
     # loopback names and the host of public_url; "*" accepts any.
     allowed_hosts: tuple[str, ...] = ()
@@ -159,6 +164,15 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return f"http://{host}:{self.port}"
 
     @property
+    def node_base(self) -> str:
+        """Where the other nodes reach this one, without a trailing slash."""
+        if self.node_url is not None:
+            return self.node_url.rstrip("/")
+        host = socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
+
+    @property
     def secrets_key_path(self) -> Path:
         return self.secrets_key_file or self.data_dir / "secrets.key"
 
@@ -272,6 +286,12 @@ def load_settings(
             raise ConfigError(
                 f"invalid setting public_url: {settings.public_url!r} "
                 "(http(s)://host[:port][/path], no query or fragment)"
+            )
+    if settings.node_url is not None:
+        parts = urlsplit(settings.node_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+            raise ConfigError(
+                f"invalid setting node_url: {settings.node_url!r} (http(s)://host[:port])"
             )
     if settings.log_format not in ("text", "json"):
         raise ConfigError(f"invalid setting log_format: {settings.log_format!r} (text or json)")

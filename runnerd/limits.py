@@ -279,7 +279,7 @@ POSTGRES_CONNECT_TIMEOUT_S: Final = 5  # runnerd: after it, the database is unav
 # stopped between two statements) is ended by the server, which frees its locks; a store
 # transaction's statements follow each other within milliseconds.
 POSTGRES_IDLE_IN_TRANSACTION_S: Final = 3
-# A statement waits this long for a lock (the write lock), then 503 DATABASE_UNAVAILABLE
+# A statement waits this long for a lock (a keyed lock), then 503 DATABASE_UNAVAILABLE
 # with Retry-After; more than the idle bound, so a frozen holder is cut before its waiters.
 POSTGRES_LOCK_TIMEOUT_S: Final = 5
 # One statement of the store runs at most this long, lock wait included (0: no bound, for
@@ -348,3 +348,13 @@ ENV_BUILDING_RETRY_S: Final = 5  # runnerd: Retry-After of ENV_NOT_READY while a
 # runnerd: after a failed background build, calls are answered ENV_NOT_READY for this long
 # before the node tries again (the registry is not asked again on every call).
 ENV_FAILED_RETRY_S: Final = 30.0
+
+# --- Results held by another node (govern/peers.py) ----------------------------------------
+
+# runnerd: a node asking the node that ran a run for its result waits this long for the
+# answer (connect included); past it the answer says OUTPUT_NODE_UNREACHABLE.
+PEER_TIMEOUT_S: Final = 2.0
+# runnerd: a node's signed request for a result is good this long after it was made, on
+# the asked node's clock: wide enough for any skew nodes tolerate (+/- 60 s), short enough
+# that a request seen on the wire is soon of no use.
+PEER_TOKEN_WINDOW_S: Final = 300

@@ -23,7 +23,7 @@ from conftest import RUNNERD, run_cli, write_app
 from daemon import Daemon, envelope, free_port, running_daemon
 from pg_cluster import PgCluster
 from runnerd.store import MIGRATIONS
-from runnerd.store.db import WRITE_LOCK
+from runnerd.store.db import lock_id
 from test_governance import gov_app
 
 pytestmark = pytest.mark.jail
@@ -183,7 +183,7 @@ def test_a_node_keeps_answering_while_its_writes_wait_for_the_database(
     nodes: tuple[Daemon, Daemon, dict[str, Any]],
 ) -> None:
     """On PostgreSQL, store work runs off the event loop: while another session holds
-    the cluster's write lock, two calls wait for it inside the database, and the node
+    the install's budget lock, two calls wait for it inside the database, and the node
     still answers health checks and reads. Once the lock is free, both calls run."""
     a, _, install = nodes
     iid = install["installId"]
@@ -192,13 +192,13 @@ def test_a_node_keeps_answering_while_its_writes_wait_for_the_database(
         threading.Thread(target=lambda: answers.append(a.run(iid, "echo", {"text": "later"})))
         for _ in range(2)
     ]
-    waiting_sql = (  # node A's connections waiting for the write lock
+    waiting_sql = (  # node A's connections waiting for the lock
         "SELECT count(*) FROM pg_locks JOIN pg_stat_activity USING (pid) "
         "WHERE locktype = 'advisory' AND NOT granted AND application_name LIKE %s"
     )
     node_a = [f"runnerd % {a.proc.pid}"]
     with psycopg.connect(a.env["RUNNERD_DATABASE_URL"], autocommit=True) as holder:
-        holder.execute("SELECT pg_advisory_lock(%s)", [WRITE_LOCK])
+        holder.execute("SELECT pg_advisory_lock(%s)", [lock_id(f"budget:{iid}")])
         for call in calls:
             call.start()
         waiting = 0
@@ -214,10 +214,42 @@ def test_a_node_keeps_answering_while_its_writes_wait_for_the_database(
                           params={"workspaceId": a.workspace_id})  # fmt: skip
         assert tools.status_code == 200 and tools.json()["data"], tools.text
         assert answers == []  # still waiting for the lock
-        holder.execute("SELECT pg_advisory_unlock(%s)", [WRITE_LOCK])
+        holder.execute("SELECT pg_advisory_unlock(%s)", [lock_id(f"budget:{iid}")])
     for call in calls:
         call.join(timeout=30)
     assert [(r.status_code, r.json()["output"]["echo"]) for r in answers] == [(200, "later")] * 2
+
+
+def test_runs_of_another_install_never_wait_for_an_install_s_lock(
+    nodes: tuple[Daemon, Daemon, dict[str, Any]], tmp_path: Path
+) -> None:
+    """No lock is shared by every write: while a session holds one install's budget lock
+    (as a node frozen in a run's admission would), runs of another install, in the same
+    workspace and audit trail, go on at their usual pace on both nodes; the held install's
+    runs wait for it."""
+    a, b, install = nodes
+    iid = install["installId"]
+    other = a.ship(write_app(tmp_path, "gov-other", {"echo": "def run(i):\n    return i\n"}))
+    oid = other["installId"]
+    assert b.run(oid, "echo", {"text": "warm"}).status_code == 200
+    held: list[httpx.Response] = []
+    call = threading.Thread(target=lambda: held.append(a.run(iid, "echo", {"text": "held"})))
+    with psycopg.connect(a.env["RUNNERD_DATABASE_URL"], autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", [lock_id(f"budget:{iid}")])
+        try:
+            call.start()
+            for node in (a, b, a, b):
+                began = time.monotonic()
+                ran = node.run(oid, "echo", {"text": "free"})
+                assert ran.status_code == 200 and ran.json()["output"] == {"text": "free"}
+                assert time.monotonic() - began < 2, "another install's run did not wait"
+            assert held == []  # the held install's run still waits for its lock
+        finally:
+            holder.execute("SELECT pg_advisory_unlock(%s)", [lock_id(f"budget:{iid}")])
+    call.join(timeout=30)
+    assert [r.status_code for r in held] == [200]
+    done = run_cli("audit", "verify", "--json", env=a.client_env())
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_a_killed_node_s_runs_are_closed_by_the_survivor(

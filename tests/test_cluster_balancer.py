@@ -269,11 +269,6 @@ def test_an_idempotent_retry_through_the_balancer_is_the_same_run(cluster: Balan
     assert_books_balance(c)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 25, item 2: an output lives only in the memory of the node that ran it; "
-    "a retry answered by another node has output null",
-)
 def test_an_idempotent_retry_answered_by_another_node_has_the_output(
     cluster: Balanced,
 ) -> None:
@@ -284,6 +279,7 @@ def test_an_idempotent_retry_answered_by_another_node_has_the_output(
     assert retry.json()["output"] == first.json()["output"] == {
         "echo": "lb-order-2", "secret_len": 0, "leak": None,
     }  # fmt: skip
+    assert list(retry.json()) == ["runId", "status", "output", "error", "durationMs"]
 
 
 def test_a_manage_page_session_cookie_works_on_every_node(cluster: Balanced) -> None:
@@ -533,6 +529,8 @@ def test_the_compose_file_runs_this_balancer_config_over_its_nodes() -> None:
         if name != "migrate":
             assert node["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
             bases.append(int(env["RUNNERD_SANDBOX_UID_BASE"]))
+            # The address the other nodes ask it for results at: its own service name.
+            assert env["RUNNERD_NODE_URL"] == f"http://{name}:8686", name
     count = Settings().sandbox_uid_count  # the compose file keeps the default
     assert all(b - a >= count for a, b in itertools.pairwise(sorted(bases)))
     assert services["migrate"]["command"] == ["runnerd", "admin", "migrate"]

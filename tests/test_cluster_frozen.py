@@ -1,6 +1,6 @@
 """A node that freezes (SIGSTOP) or whose database connections stop answering cannot hold
 the others beyond the bound of docs/SCALING.md (*A node that freezes*): the server ends
-its transaction idle past POSTGRES_IDLE_IN_TRANSACTION_S, which frees the write lock; a
+its transaction idle past POSTGRES_IDLE_IN_TRANSACTION_S, which frees its locks; a
 waiter waits at most POSTGRES_LOCK_TIMEOUT_S, then 503 with Retry-After; its own
 ``/readyz`` says 503 within READY_STORE_TIMEOUT_S. Two real nodes on one PostgreSQL."""
 
@@ -31,7 +31,7 @@ from runnerd.limits import (
     READY_STORE_TIMEOUT_S,
 )
 from runnerd.store import Store
-from runnerd.store.db import WRITE_LOCK, PostgresDatabase
+from runnerd.store.db import PostgresDatabase, lock_id
 from test_governance import gov_app
 
 pytestmark = pytest.mark.jail
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.jail
 # window, and that a freeze of a few seconds closes nobody's runs.
 LEASE_S = "60"
 
-WAITING = (  # a node's connections waiting for, or holding, the write lock
+WAITING = (  # a node's connections waiting for, or holding, an advisory lock
     "SELECT count(*) FROM pg_locks JOIN pg_stat_activity USING (pid) WHERE "
     "locktype = 'advisory' AND granted = %s AND application_name LIKE %s"
 )
@@ -117,19 +117,19 @@ def test_a_holder_that_stops_is_cut_and_a_waiter_gets_503_not_500(pg: PgCluster)
         assert db.execute("SELECT 1").fetchone()[0] == 1  # a new connection, at once
         # The lock held elsewhere (a session of another kind) past the lock bound.
         with psycopg.connect(url, autocommit=True) as holder:
-            holder.execute("SELECT pg_advisory_lock(%s)", [WRITE_LOCK])
+            holder.execute("SELECT pg_advisory_lock(%s)", [lock_id("budget:x")])
             began = time.monotonic()
-            with pytest.raises(DatabaseUnavailable, match="lock timeout"), db.write():
+            with pytest.raises(DatabaseUnavailable, match="lock timeout"), db.write("budget:x"):
                 pass
             waited = time.monotonic() - began
         assert POSTGRES_LOCK_TIMEOUT_S - 0.5 < waited < POSTGRES_LOCK_TIMEOUT_S + 2, waited
-        with db.write():  # the lock is free again: the same connection serves on
+        with db.write("budget:x"):  # the lock is free again: the same connection serves on
             db.execute("SELECT 1")
     finally:
         db.close()
 
 
-def test_a_node_frozen_holding_the_write_lock_stalls_the_other_only_within_the_bound(
+def test_a_node_frozen_holding_an_install_s_lock_stalls_the_other_only_within_the_bound(
     nodes: tuple[Daemon, Daemon, str],
 ) -> None:
     a, b, iid = nodes
@@ -142,16 +142,16 @@ def test_a_node_frozen_holding_the_write_lock_stalls_the_other_only_within_the_b
     frozen = False
     with psycopg.connect(url, autocommit=True) as watch:
         try:
-            # A's call queues for the write lock behind the test's session; A is stopped;
+            # A's call queues for the install's budget lock behind the test's session; A is stopped;
             # the lock passes to A's waiting connection, which now holds it, frozen.
-            watch.execute("SELECT pg_advisory_lock(%s)", [WRITE_LOCK])
+            watch.execute("SELECT pg_advisory_lock(%s)", [lock_id(f"budget:{iid}")])
             call.start()
             _until(lambda: _lock_rows(watch, a, granted=False) == 1, 10, "A waits for the lock")
             os.kill(a.proc.pid, signal.SIGSTOP)
             frozen = True
             time.sleep(0.2)
             assert _lock_rows(watch, a, granted=False) == 1  # its one statement in line
-            watch.execute("SELECT pg_advisory_unlock(%s)", [WRITE_LOCK])
+            watch.execute("SELECT pg_advisory_unlock(%s)", [lock_id(f"budget:{iid}")])
             _until(lambda: _lock_rows(watch, a, granted=True) == 1, 5, "frozen A holds it")
             held = time.monotonic()
             # B's calls: the first waits for the server to cut A's idle transaction, then

@@ -272,6 +272,14 @@ def test_nodes_a_minute_ahead_and_behind_change_nothing_on_the_others(
         # Each node's rows are stamped with the database's time, not its own.
         started = datetime.fromisoformat(skew.replace("Z", "+00:00"))
         assert abs((started - datetime.now(UTC)).total_seconds()) < 30, skew
+        # So are the approvals they hold: every node expires one at the same moment.
+        for node in (ahead, behind):
+            held = node.run(iid, "send", {"to": "skewed"}, surface="chat")
+            assert held.status_code == 202, held.text
+            [(made,)] = sql(a, "SELECT created_at FROM approvals WHERE id = %s",
+                            held.json()["approvalId"])  # fmt: skip
+            off = datetime.fromisoformat(made.replace("Z", "+00:00")) - datetime.now(UTC)
+            assert abs(off.total_seconds()) < 30, made
     books_agree(a, iid)
 
 

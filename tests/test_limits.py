@@ -28,8 +28,6 @@ NOT_LIMITS = {
     ("run/jail.py", "INSIDE_ID"),
     # The reply frame's "LENGTH\n" header is read from its first bytes: the frame's format.
     ("run/spawn.py", "_Reply.HEADER_MAX"),
-    # PostgreSQL advisory lock key of the store's writer ("runnerd" in ASCII): an id.
-    ("store/db.py", "WRITE_LOCK"),
     # The benchmark's workload (what is measured), not a bound runnerd holds to.
     ("cli/bench.py", "BURST"),
     ("cli/bench.py", "COLD_PAUSE_S"),

@@ -114,6 +114,16 @@ class RunResponse(_Wire, omit_defaults=False):
     duration_ms: int
 
 
+class RunResponseWithoutOutput(RunResponse):
+    """The answer of a replay whose output no node holds any more: the run's five fields
+    and why its output is not here (OUTPUT_EXPIRED, OUTPUT_NODE_STOPPED,
+    OUTPUT_NODE_UNREACHABLE, RUN_INTERRUPTED; docs/API.md). Every other run answers
+    exactly the five."""
+
+    output_available: bool
+    output_missing: str
+
+
 class DeployBody(_Wire):
     """An app bundle: every file the manifest's globs name, path -> base64 content."""
 
@@ -381,12 +391,15 @@ class RunInfo(_Wire):
 
 
 class RunDetail(_Wire):
-    """One run, with its output while runnerd still holds it in memory (never on disk)."""
+    """One run, with its output while runnerd still holds it in memory (never on disk),
+    on whichever node ran it. ``output_missing``: why a finished run's output is not
+    here, for those who may see it (as RunResponse's)."""
 
     run: RunInfo
     output: Any = None
     error: str | None = None
     output_available: bool = False
+    output_missing: str | None = None
 
 
 class RunList(_Wire):

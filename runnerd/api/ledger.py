@@ -112,7 +112,8 @@ async def verify_audit(request: Request, state: AppState) -> Response:
     caller.need_person()
     workspace_id = request.query_params.get("workspaceId", "")
     await caller.member(state.store, workspace_id, role="admin", apps=False)
-    found = await state.store.io(state.store.audit_verdict)
+    # The workspace's own chain (and the trail written before chains): its trail.
+    found = await state.store.io(state.store.audit_verdict, workspace_id=workspace_id)
     return json_response(
         AuditVerdict(
             ok=found.first_break is None,

@@ -24,7 +24,7 @@ from runnerd.api.bodies import (
 from runnerd.api.ops import INSTALL_ID, Op, Param, int_query, json_response
 from runnerd.api.state import AppState
 from runnerd.errors import RunNotFound
-from runnerd.govern.results import RUN_INTERRUPTED, may_see_output
+from runnerd.govern.results import may_see_output
 from runnerd.limits import MAX_DESTINATION_CHARS, MAX_ID_CHARS, MAX_NAME_CHARS
 from runnerd.store import RunRow
 
@@ -77,13 +77,15 @@ async def get_run(request: Request, state: AppState) -> Response:
         ran_for=row.user_id,
         released_by=None if approval is None else approval.decided_by,
     )
-    cached = state.governor.results.get(row.id) if row.status != "running" and entitled else None
-    if cached is not None:
+    if entitled and row.status != "running":  # from the node that holds it, or why not
+        found = await state.governor.recorded(row.id)
         detail = RunDetail(
-            run=detail.run, output=cached.output, error=cached.error, output_available=True
+            run=detail.run,
+            output=found.output,
+            error=found.error,
+            output_available=found.output_available,
+            output_missing=found.missing,
         )
-    elif entitled and row.error_kind == "interrupted":  # no node holds a result: say why
-        detail = RunDetail(run=detail.run, error=RUN_INTERRUPTED)
     return json_response(detail)
 
 

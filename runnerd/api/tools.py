@@ -14,6 +14,7 @@ from runnerd.api.bodies import (
     PendingApproval,
     RunBody,
     RunResponse,
+    RunResponseWithoutOutput,
     ToolDetail,
     ToolInfo,
     ToolList,
@@ -93,15 +94,20 @@ async def _run(
             ),
             status=202,
         )
-    return json_response(
-        RunResponse(
-            run_id=outcome.run_id,
-            status=outcome.status,  # type: ignore[arg-type]
-            output=outcome.output,
-            error=outcome.error,
-            duration_ms=outcome.duration_ms,
-        )
+    answer = dict(
+        run_id=outcome.run_id,
+        status=outcome.status,
+        output=outcome.output,
+        error=outcome.error,
+        duration_ms=outcome.duration_ms,
     )
+    if outcome.missing is not None:  # a replay no node holds the output of: say why
+        return json_response(
+            RunResponseWithoutOutput(
+                **answer, output_available=False, output_missing=outcome.missing
+            )
+        )
+    return json_response(RunResponse(**answer))
 
 
 # The install a run route names, if the caller sees it (None otherwise): in a store hop.

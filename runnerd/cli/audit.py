@@ -87,7 +87,7 @@ def register_audit(common: argparse.ArgumentParser, group_parser: Callable[..., 
 
     audit = group_parser("audit", "the audit trail (local, on the data dir)")
     p = audit.add_parser(
-        "verify", parents=[common], help="check the keyed hash chain; exit 1 at the first break"
+        "verify", parents=[common], help="check every keyed hash chain; exit 1 at the first break"
     )
     p.add_argument(
         "--checkpoint",

@@ -25,6 +25,8 @@ from runnerd.config import Settings
 from runnerd.daemon.lifespan import lifespan
 from runnerd.daemon.metrics_route import metrics
 from runnerd.daemon.middleware import AnswerFirst, RequestIds, SecurityHeaders
+from runnerd.daemon.peer_route import peer_result
+from runnerd.govern.peers import PEER_PATH
 from runnerd.mcp.endpoint import McpEndpoint
 from runnerd.oauth import oauth_routes
 from runnerd.run.runtimes import Runtimes
@@ -100,6 +102,7 @@ def create_app(
     routes.append(Route("/mcp", gateway, methods=["GET", "POST", "DELETE"]))
     routes += oauth_routes()
     routes.append(Route("/metrics", metrics, methods=["GET"]))
+    routes.append(Route(PEER_PATH, peer_result, methods=["GET"]))
     return Starlette(
         routes=routes,
         lifespan=functools.partial(

@@ -111,6 +111,7 @@ async def lifespan(
         leases.cancel()
         shares.cancel()
         await governor.drain(timeout=APPROVED_RUNS_DRAIN_S)
+        await governor.peers.close()
         await machine.sandbox.close()
         with contextlib.suppress(DatabaseUnavailable):  # else the lease runs out
             await governor.retry_unfinished()
@@ -173,7 +174,10 @@ def _join(store: Store, settings: Settings) -> None:
     # One node per SQLite file (the data dir's lock): whatever it left running is over.
     # On PostgreSQL, other nodes may be running theirs: only lost nodes' runs close.
     interrupted = store.recover_interrupted() if store.db.dialect == "sqlite" else []
-    store.join(socket.gethostname(), os.getpid(), __version__, settings.node_lease_s)
+    store.join(
+        socket.gethostname(), os.getpid(), __version__, settings.node_lease_s,
+        settings.node_base,
+    )  # fmt: skip
     interrupted += store.recover_lost_nodes()
     if interrupted:
         log.warning(

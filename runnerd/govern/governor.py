@@ -31,6 +31,7 @@ from runnerd.govern.admission import Principal, RunGate, require_runner
 from runnerd.govern.approvals import Approvals, CallOf, Held
 from runnerd.govern.idempotency import IdempotencyKeys, check_key, request_hash
 from runnerd.govern.notify import Notifier
+from runnerd.govern.peers import Peers, PeerUnreachable
 from runnerd.govern.results import RUN_INTERRUPTED, CallResult, Pending, ResultCache
 from runnerd.ids import new_id
 from runnerd.limits import MAX_CALL_WAIT_S
@@ -78,6 +79,7 @@ class Governor:
     approvals: Approvals
     idempotency: IdempotencyKeys
     results: ResultCache
+    peers: Peers  # results other nodes hold (a replay or a read of a run they ran)
     _running: dict[str, asyncio.Future[CallResult]] = field(default_factory=dict)
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)  # runs still going end
@@ -90,6 +92,10 @@ class Governor:
         cls, settings: Settings, *, store: Store, pipeline: Pipeline, vault: Vault
     ) -> Governor:
         """A governor with the limits and times ``settings`` name."""
+        results = ResultCache(
+            settings.result_cache_mb << 20,
+            max(settings.approval_ttl_s, settings.idempotency_ttl_s),
+        )
         return cls(
             store=store,
             pipeline=pipeline,
@@ -99,10 +105,8 @@ class Governor:
                 store, settings.approval_ttl_s, vault, Notifier(store, vault, settings)
             ),
             idempotency=IdempotencyKeys(store, settings.idempotency_ttl_s),
-            results=ResultCache(
-                settings.result_cache_mb << 20,
-                max(settings.approval_ttl_s, settings.idempotency_ttl_s),
-            ),
+            results=results,
+            peers=Peers(vault.derive("node results"), results),
         )
 
     # --- what the surfaces hear -------------------------------------------------------------
@@ -500,16 +504,43 @@ class Governor:
             await asyncio.sleep(0.01)
 
     async def recorded(self, run_id: str) -> CallResult:
-        """A finished run's result: from memory when still there, else its record (the
-        output and error are never stored, so they are null then; a run closed as
-        interrupted says so in its error, RUN_INTERRUPTED)."""
+        """A run's result: from memory when this node holds it; for a finished run
+        another node ran, from that node (govern/peers.py); else its record, with no
+        output and ``missing`` saying why (OUTPUT_MISSING: never a silent null)."""
         cached = self.results.get(run_id)
         if cached is not None:
             return cached
         row = await self.store.io(self.store.get_run, run_id)
         assert row is not None
-        error = RUN_INTERRUPTED if row.error_kind == "interrupted" else None
-        return CallResult(run_id, row.status, None, error, row.duration_ms or 0)
+        duration = row.duration_ms or 0
+        if row.status == "running":
+            return CallResult(run_id, row.status, None, None, duration)
+        if row.error_kind == "interrupted":
+            return CallResult(
+                run_id, row.status, None, RUN_INTERRUPTED, duration, "RUN_INTERRUPTED"
+            )
+        missing = "OUTPUT_EXPIRED"
+        owner = await self.store.io(self.store.run_node, run_id)
+        if owner is not None and owner != self.store.node_id:
+            asked = await self._ask_owner(owner, run_id)
+            if isinstance(asked, CallResult):
+                return asked
+            missing = asked
+        return CallResult(run_id, row.status, None, None, duration, missing)
+
+    async def _ask_owner(self, node_id: str, run_id: str) -> CallResult | str:
+        """The result node ``node_id`` holds for ``run_id``, or why there is none."""
+        found = await self.store.io(self.store.node_url, node_id)
+        if found is None or not found[1]:
+            return "OUTPUT_NODE_STOPPED"
+        if found[0] is None:  # a node of a version before node URLs: it cannot be asked
+            return "OUTPUT_NODE_UNREACHABLE"
+        try:
+            held = await self.peers.fetch(found[0], run_id)
+        except PeerUnreachable as error:
+            log.warning("node %s did not answer for run %s: %s", node_id, run_id, error)
+            return "OUTPUT_NODE_UNREACHABLE"
+        return "OUTPUT_EXPIRED" if held is None else held
 
     # --- approvals --------------------------------------------------------------------------
 

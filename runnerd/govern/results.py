@@ -13,22 +13,50 @@ import msgspec
 
 from runnerd.model import Role, RunStatus
 
-__all__ = ["RUN_INTERRUPTED", "CallResult", "Pending", "ResultCache", "may_see_output"]
+__all__ = [
+    "OUTPUT_MISSING",
+    "RUN_INTERRUPTED",
+    "CallResult",
+    "Pending",
+    "ResultCache",
+    "may_see_output",
+]
 
 # The error of a run closed as interrupted (its errorKind), once no node holds its result:
 # its node was killed, cut off or stopped before the run ended (docs/API.md).
 RUN_INTERRUPTED = "interrupted: the node running it stopped before the run ended"
 
+# Why a finished run's answer has no output (its ``outputMissing``; docs/API.md). Outputs
+# live in the memory of the node that ran the run, for the result cache's lifetime; any
+# node asks that node for them (govern/peers.py).
+OUTPUT_MISSING = {
+    # The node that ran it no longer holds it: past the result cache's lifetime, or
+    # dropped for room (result_cache_mb).
+    "OUTPUT_EXPIRED": "the output is no longer held: past the result cache's lifetime",
+    # The node that ran it stopped or restarted since: what it held in memory went with it.
+    "OUTPUT_NODE_STOPPED": "the node that ran it has stopped since; outputs live in memory",
+    # The node that ran it is in the cluster but did not answer in time.
+    "OUTPUT_NODE_UNREACHABLE": "the node that ran it did not answer; try again",
+    # The run never ended: its node stopped while it ran (errorKind interrupted).
+    "RUN_INTERRUPTED": RUN_INTERRUPTED,
+}
+
 
 @dataclass(frozen=True)
 class CallResult:
-    """A run that started, whatever its status; its output and error live in memory only."""
+    """A run that started, whatever its status; its output and error live in memory only.
+    ``missing``: why a finished run's output and error are not here (OUTPUT_MISSING)."""
 
     run_id: str
     status: RunStatus
     output: Any
     error: str | None
     duration_ms: int
+    missing: str | None = None
+
+    @property
+    def output_available(self) -> bool:
+        return self.missing is None
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ from runnerd.errors import (
 )
 from runnerd.govern.admission import Principal
 from runnerd.govern.approvals import CallOf
-from runnerd.govern.results import CallResult, Pending, may_see_output
+from runnerd.govern.results import OUTPUT_MISSING, CallResult, Pending, may_see_output
 from runnerd.limits import APPROVAL_POLL_S, MAX_MCP_SESSIONS
 from runnerd.mcp.sessions import SessionGuard, authorize
 
@@ -421,7 +421,9 @@ class McpGateway:
             ran_for=approval.requested_by,
             released_by=approval.decided_by,
         )
-        found["run"] = _run_fields(run) | {"outputAvailable": entitled}
+        found["run"] = _run_fields(run) | {"outputAvailable": entitled and run.output_available}
+        if entitled and run.missing is not None:
+            found["run"]["outputMissing"] = run.missing
         if not entitled:
             found["run"] |= {"output": None, "error": None}
         text = json.dumps(found, ensure_ascii=False)
@@ -521,6 +523,13 @@ def _result(run: CallResult) -> types.CallToolResult:
     scrubbed error with isError; the run's id and figures in ``_meta["runnerd/run"]``."""
     meta = {"runnerd/run": {"runId": run.run_id, "status": run.status,
                             "durationMs": run.duration_ms}}  # fmt: skip
+    if run.missing is not None:  # a replay no node holds the output of: say so, no content
+        meta["runnerd/run"]["outputMissing"] = run.missing
+        return _error_result(
+            f"The run {run.status}, but its output is not available: "
+            f"{OUTPUT_MISSING[run.missing]} ({run.missing})",
+            meta,
+        )
     if run.status == "succeeded":
         text = json.dumps(run.output, ensure_ascii=False)
         return types.CallToolResult.model_validate(

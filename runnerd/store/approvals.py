@@ -8,11 +8,11 @@ sealed input is cleared in the same write that decides or expires the approval.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import msgspec
 
-from runnerd.ids import new_id, stamp, utc_now
+from runnerd.ids import new_id, stamp
 from runnerd.model import ApprovalStatus, Surface
 from runnerd.store.audit import AuditStore
 
@@ -69,8 +69,9 @@ class ApprovalsStore(AuditStore):
     ) -> ApprovalRow:
         """Hold a call: ``sealed`` is its input as the vault sealed it (key id, nonce,
         ciphertext) for ``approval_id``; the idempotency key that claimed the call
-        (``idempotency``: user id, key) is given the approval in the same write."""
-        now = datetime.now(UTC)
+        (``idempotency``: user id, key) is given the approval in the same write. Its
+        times are the database's (db_now): every node expires it at the same moment."""
+        now = self.db_now()
         kid, nonce, ciphertext = sealed or (None, None, None)
         row = ApprovalRow(
             id=approval_id or new_id("apr"),
@@ -90,7 +91,7 @@ class ApprovalsStore(AuditStore):
             key_id=key_id,
             workflow_run_id=workflow_run_id,
         )
-        with self._write():
+        with self._transaction():
             stored = msgspec.structs.asdict(row)
             del stored["app_slug"], stored["version"]  # read with the list, not kept
             self.db.insert("approvals", stored)
@@ -142,8 +143,8 @@ class ApprovalsStore(AuditStore):
         conditional update: of two racing decisions, one wins). None when it was not
         pending any more, or has expired."""
         status = "approved" if approve else "denied"
-        now = utc_now()
-        with self._write():
+        now = stamp(self.db_now())
+        with self._transaction():
             cur = self.db.execute(
                 """UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?,
                    sealed_kid = NULL, sealed_nonce = NULL, sealed_input = NULL
@@ -168,20 +169,25 @@ class ApprovalsStore(AuditStore):
         return row
 
     def expire_approvals(self) -> list[str]:
-        """Mark every pending approval past its time as expired, and audit each."""
-        now = utc_now()
-        with self._write():
+        """Mark every pending approval past its time (on the database's clock) as
+        expired, and audit each."""
+        now = stamp(self.db_now())
+        expired = []
+        with self._transaction():
             rows = self.db.execute(
                 """SELECT id, workspace_id, install_id, version_id, tool, surface FROM approvals
-                   WHERE status = 'pending' AND expires_at <= ?""",
+                   WHERE status = 'pending' AND expires_at <= ? ORDER BY workspace_id, id""",
                 [now],
             ).fetchall()
             for approval_id, ws, install_id, version_id, tool, surface in rows:
-                self.db.execute(
+                cur = self.db.execute(  # conditional: a decision (or another node) may win
                     "UPDATE approvals SET status = 'expired', decided_at = ?, sealed_kid = NULL, "
-                    "sealed_nonce = NULL, sealed_input = NULL WHERE id = ?",
+                    "sealed_nonce = NULL, sealed_input = NULL WHERE id = ? AND status = 'pending'",
                     [now, approval_id],
                 )
+                if not cur.rowcount:
+                    continue
+                expired.append(approval_id)
                 self._append_audit(
                     "approval.expire",
                     workspace_id=ws,
@@ -191,4 +197,4 @@ class ApprovalsStore(AuditStore):
                     surface=surface,
                     detail={"approvalId": approval_id},
                 )
-        return [r[0] for r in rows]
+        return expired

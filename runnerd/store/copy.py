@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from runnerd.errors import StoreUnavailable
 from runnerd.limits import COPY_BATCH_ROWS
-from runnerd.store.core import StoreBase
+from runnerd.store.audit import AuditStore
 
 __all__ = ["TABLES", "copy_store"]
 
@@ -20,7 +20,7 @@ TABLES = (
 )  # fmt: skip
 
 
-def copy_store(source: StoreBase, target: StoreBase) -> dict[str, int]:
+def copy_store(source: AuditStore, target: AuditStore) -> dict[str, int]:
     """Copy every row of ``source`` (read as one snapshot, so a live store copies
     consistently) into ``target``, which must be empty, in one transaction. Rows per
     table; the target's audit chain and counts are checked before it commits."""
@@ -49,9 +49,11 @@ def copy_store(source: StoreBase, target: StoreBase) -> dict[str, int]:
             if batch:
                 target.db.insert_all(table, batch)
                 counts[table] += len(batch)
-        top = source.db.high_water("audit")
-        if top:
-            target.db.record_high_water("audit", top)
+        # The audit trail's high-water marks (each chain's, the legacy trail's), and on
+        # PostgreSQL its seq's sequence past the copied rows (store/audit.py).
+        for name, top in source.audit_marks().items():
+            target.db.record_high_water(name, top)
+        target.align_audit_sequence()
         for table, count in counts.items():
             have = target.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
             if have != count:

@@ -8,6 +8,7 @@ import functools
 import secrets
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, Self, TypeVar
 
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from runnerd.config import Settings
 
 DB_FILENAME = "runnerd.db"
+# The keyed lock of configuration writes (StoreBase._write with no key named).
+CONFIG_LOCK = "config"
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -92,7 +95,7 @@ class StoreBase:
         On SQLite it runs inline: a local file answers in microseconds, and one thread
         keeps SQLite's one writer. On PostgreSQL it runs on one of the store's worker
         threads (``connections``), each with its own connection, so a round trip, a
-        wait for the write lock, or a database that stopped answering never holds the
+        wait for a keyed lock, or a database that stopped answering never holds the
         loop. Work that started finishes: a caller cancelled meanwhile is cancelled once
         the work is done, never halfway through its transaction."""
         if self._workers is None:
@@ -179,16 +182,45 @@ class StoreBase:
         two processes migrating at once apply each one once). (from, to) versions."""
         before = self.schema_version
         while self.schema_version < len(MIGRATIONS):
-            with self._write():
-                current = self.schema_version  # again, under the write lock
+            with self._write("migrate"):
+                current = self.schema_version  # again, under the migration lock
                 if current < len(MIGRATIONS):
                     MIGRATIONS[current](self.db)
                     self.db.set_schema_version(current + 1)
         return before, self.schema_version
 
+    def db_now(self) -> datetime:
+        """Now on the database's clock (PostgreSQL: ``clock_timestamp()``, when this
+        statement runs), for what nodes compare across each other (leases, expiries):
+        a node's skewed clock changes none of it. A SQLite file has one node, whose
+        clock it is."""
+        if self.db.dialect == "postgresql":
+            found = self.db.execute("SELECT clock_timestamp()").fetchone()[0]
+            return found.astimezone(UTC)  # type: ignore[no-any-return]
+        return datetime.now(UTC)
+
     @contextlib.contextmanager
-    def _write(self) -> Iterator[None]:
-        """A write transaction that takes the write lock up front, so read-then-write
-        sequences cannot interleave with another writer (another node's, too)."""
+    def _write(self, *keys: str) -> Iterator[None]:
+        """A write transaction that takes the keyed locks ``keys`` up front, so
+        read-then-write sequences on what they guard cannot interleave with another
+        writer's (another node's, too). With none named, the key of configuration
+        (people, apps, keys, secrets, sessions, settings: rare writes, serialised among
+        themselves as before). The run path names its own: ``budget:<install>``,
+        ``idem:<user>``, ``approval:<id>``, ``node:<id>``; the audit chain's
+        (``audit:<chain>``) is taken as its entry is written (AuditStore)."""
+        with self.db.write(*(keys or (CONFIG_LOCK,))):
+            yield
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """A write transaction that takes no keyed lock: for statements that check by
+        themselves (``INSERT … ON CONFLICT``, a conditional ``UPDATE`` whose row count
+        says who won, ``SELECT … FOR UPDATE`` of the one row it changes)."""
         with self.db.write():
             yield
+
+    @property
+    def _for_update(self) -> str:
+        """`` FOR UPDATE`` on PostgreSQL (the row stays this transaction's until it ends);
+        nothing on SQLite, whose write transaction already excludes every other."""
+        return " FOR UPDATE" if self.db.dialect == "postgresql" else ""

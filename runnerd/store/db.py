@@ -3,25 +3,28 @@
 The store's code writes one SQL, SQLite's spelling with ``?`` placeholders, and calls a
 ``Database``: ``query`` (rows as dicts), ``execute`` (a cursor: tuples, ``rowcount``),
 ``insert``/``insert_all`` (a dict a row; lists and dicts stored as JSON), ``write``
-(a transaction that holds the write lock from its first statement), and ``ddl`` for
+(a transaction that holds its keyed locks from its first statement), and ``ddl`` for
 migrations. ``SQLiteDatabase`` is sqlite-utils on one WAL file, as before.
 ``PostgresDatabase`` gives each thread its own psycopg 3 connection (the store runs
 its PostgreSQL work on a few worker threads, see ``StoreBase.io``); it rewrites
 placeholders once per statement text, reads ``numeric`` (what SUM of a BIGINT gives)
 as an int, and spells the few types SQLite and PostgreSQL name differently.
 
-Writes keep SQLite's rule on both: one writer at a time. On PostgreSQL a write
-transaction first takes a transaction-level advisory lock, so every read-then-write in
-the store (budget reservations, idempotency keys, approval claims, the audit chain) is
-as atomic across nodes as it is in one SQLite file. Every connection bounds what a node
-that freezes or is cut off can hold (``_PG_SESSION``, ``_PG_TCP``; limits.py): the
-server ends a transaction idle past its bound, which frees the lock, and a statement
-waits for a lock, or runs, only so long.
+On SQLite a write transaction is BEGIN IMMEDIATE: one writer at a time, as ever. On
+PostgreSQL no lock is shared by every write: a transaction takes the keyed locks of what it
+reads and then writes on the strength of (``write(*keys)``, ``lock(key)``: advisory locks
+on a hash of the key; an install's budget, the configuration, an audit chain), and the
+rest check by themselves (``INSERT … ON CONFLICT``, conditional updates, ``FOR UPDATE``
+of one row), so two runs of different installs never wait for each other. Every
+connection bounds what a node that freezes or is cut off can hold (``_PG_SESSION``,
+``_PG_TCP``; limits.py): the server ends a transaction idle past its bound, which frees
+its locks, and a statement waits for a lock, or runs, only so long.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -53,8 +56,13 @@ from runnerd.limits import (
 
 __all__ = ["Database", "PostgresDatabase", "SQLiteDatabase", "open_database"]
 
-# The advisory lock every PostgreSQL write transaction holds ("runnerd" in ASCII).
-WRITE_LOCK = 0x72756E6E657264
+
+def lock_id(key: str) -> int:
+    """The PostgreSQL advisory lock (a signed 64-bit id) of runnerd's keyed lock ``key``."""
+    digest = hashlib.blake2b(f"runnerd:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
 # How a node's connections show in pg_stat_activity: which host and process they serve.
 APPLICATION_NAME = f"runnerd {socket.gethostname()} {os.getpid()}"[:63]
 
@@ -75,7 +83,8 @@ class Database(Protocol):
     def query(self, sql: str, params: Iterable[Any] = ()) -> Iterator[dict[str, Any]]: ...
     def insert(self, table: str, row: Mapping[str, Any]) -> None: ...
     def insert_all(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None: ...
-    def write(self) -> contextlib.AbstractContextManager[None]: ...
+    def write(self, *keys: str) -> contextlib.AbstractContextManager[None]: ...
+    def lock(self, key: str) -> None: ...
     def snapshot(self) -> contextlib.AbstractContextManager[None]: ...
     def ddl(self, sql: str) -> None: ...
     def sorted_json_list(self, column: str, table: str, where: str) -> str: ...
@@ -149,9 +158,9 @@ class SQLiteDatabase:
             )
 
     @contextlib.contextmanager
-    def write(self) -> Iterator[None]:
-        """BEGIN IMMEDIATE: the write lock up front, so read-then-write sequences cannot
-        interleave with another writer."""
+    def write(self, *keys: str) -> Iterator[None]:
+        """BEGIN IMMEDIATE: the file's one write lock up front, so read-then-write
+        sequences cannot interleave with another writer (``keys`` add nothing to it)."""
         self.utils.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -160,6 +169,9 @@ class SQLiteDatabase:
             raise
         else:
             self.utils.execute("COMMIT")
+
+    def lock(self, key: str) -> None:
+        """Nothing to take: the transaction already holds the file's write lock."""
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[None]:
@@ -410,12 +422,22 @@ class PostgresDatabase:
             )
 
     @contextlib.contextmanager
-    def write(self) -> Iterator[None]:
-        """A transaction that holds runnerd's write lock, across every node, from its
-        first statement: SQLite's BEGIN IMMEDIATE, for a database many nodes share."""
+    def write(self, *keys: str) -> Iterator[None]:
+        """A transaction that holds the keyed locks ``keys`` (what it reads, then writes
+        on the strength of: an install's budget, a person's idempotency keys, …) from its
+        first statement, across every node; more are taken inside it with ``lock``. No
+        lock is shared by every write: two runs of different installs never wait for
+        each other, and a transaction that names no key takes none."""
         with self._guard(), self._pinned() as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", [WRITE_LOCK])
+            for key in sorted(set(keys)):  # one order everywhere: no deadlock between two
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [lock_id(key)])
             yield
+
+    def lock(self, key: str) -> None:
+        """Take the keyed lock ``key`` until the current write transaction ends (the
+        audit chain's, as late as its entry is written, so it is held the least)."""
+        with self._guard():
+            self._live().execute("SELECT pg_advisory_xact_lock(%s)", [lock_id(key)])
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[None]:

@@ -8,9 +8,9 @@ approval, the approval's id in the approval's (``ApprovalsStore.create_approval`
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
-from runnerd.ids import stamp, utc_now
+from runnerd.ids import stamp
 from runnerd.store.core import StoreBase
 
 
@@ -21,9 +21,17 @@ class IdempotencyStore(StoreBase):
         """Claim ``key`` for this request. None: claimed, go on. Else (hash it was first
         used with, run id, approval id: both None while the first call starts). Keys
         older than ``max_age_s`` are forgotten."""
-        cutoff = stamp(datetime.now(UTC) - timedelta(seconds=max_age_s))
-        with self._write():
+        with self._transaction():  # single statements: no lock shared with anyone
+            now = self.db_now()  # the database's clock: every node forgets a key alike
+            cutoff = stamp(now - timedelta(seconds=max_age_s))
             self.db.execute("DELETE FROM idempotency WHERE created_at < ?", [cutoff])
+            claimed = self.db.execute(
+                """INSERT INTO idempotency (user_id, key, request_hash, created_at)
+                   VALUES (?, ?, ?, ?) ON CONFLICT (user_id, key) DO NOTHING""",
+                [user_id, key, request_hash, stamp(now)],
+            ).rowcount
+            if claimed:
+                return None
             row = self.db.execute(
                 """SELECT request_hash, run_id, approval_id FROM idempotency
                    WHERE user_id = ? AND key = ?""",
@@ -31,11 +39,6 @@ class IdempotencyStore(StoreBase):
             ).fetchone()
             if row is not None:
                 return row[0], row[1], row[2]
-            self.db.execute(
-                """INSERT INTO idempotency (user_id, key, request_hash, created_at)
-                   VALUES (?, ?, ?, ?)""",
-                [user_id, key, request_hash, utc_now()],
-            )
         return None
 
     def release_idempotency_key(
@@ -45,7 +48,7 @@ class IdempotencyStore(StoreBase):
         A key that released a run (``start_run(idempotency=…)``) stays: retries replay it.
         So does one held for approval, unless ``approval_id`` (that approval was denied
         or expired: a retry asks again)."""
-        with self._write():
+        with self._transaction():
             if approval_id is not None:
                 self.db.execute(
                     """DELETE FROM idempotency WHERE user_id = ? AND key = ? AND run_id IS NULL

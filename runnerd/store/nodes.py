@@ -21,6 +21,8 @@ from runnerd.limits import NODE_CONTACT_GAP, NODE_ROW_RETENTION_S
 from runnerd.store.runs import RunsStore
 
 INTERRUPTED = "interrupted"  # the error kind of a run closed because its node stopped
+# The keyed lock of the nodes table: joining, renewing, leaving, closing lost nodes.
+NODES_LOCK = "nodes"
 
 
 def _parse(text: str) -> datetime:
@@ -34,21 +36,16 @@ class NodesStore(RunsStore):
     _last_contact: float | None = None
     _lease_s: float = 0.0
 
-    def db_now(self) -> datetime:
-        """Now on the database's clock (PostgreSQL: ``clock_timestamp()``, when this
-        statement runs); a SQLite file has one node, whose clock it is."""
-        if self.db.dialect == "postgresql":
-            found = self.db.execute("SELECT clock_timestamp()").fetchone()[0]
-            return found.astimezone(UTC)  # type: ignore[no-any-return]
-        return datetime.now(UTC)
-
-    def join(self, host: str, pid: int, version: str, lease_s: float) -> str:
-        """Serve this database as a new node: its id (runs it starts carry it). On a
+    def join(
+        self, host: str, pid: int, version: str, lease_s: float, url: str | None = None
+    ) -> str:
+        """Serve this database as a new node: its id (runs it starts carry it) and
+        ``url``, where other nodes ask it for the results it holds. On a
         SQLite file there is one node at a time (the data dir's lock), so every node
         before this one is over. Rows of nodes stopped longer than NODE_ROW_RETENTION_S
         ago, with no run left open, are removed."""
         node_id = new_id("node")
-        with self._write():
+        with self._write(NODES_LOCK):
             now = self.db_now()
             if self.db.dialect == "sqlite":
                 self.db.execute(
@@ -61,9 +58,9 @@ class NodesStore(RunsStore):
             )
             self.db.execute(
                 "INSERT INTO nodes (id, host, pid, version, started_at, lease_until, stopped_at,"
-                " renewed_at) VALUES (?, ?, ?, ?, ?, ?, NULL, ?)",
+                " renewed_at, url) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?)",
                 [node_id, host, pid, version, stamp(now),
-                 stamp(now + timedelta(seconds=lease_s)), utc_now()],
+                 stamp(now + timedelta(seconds=lease_s)), utc_now(), url],
             )  # fmt: skip
         self.node_id = node_id
         self._lease_s = lease_s
@@ -75,7 +72,7 @@ class NodesStore(RunsStore):
         had run out and another node closed this node's runs: the node then serves on
         under the same id (``rejoin``), and corrects the runs it still ends."""
         began = time.monotonic()
-        with self._write():
+        with self._write(NODES_LOCK):
             now = self.db_now()
             cur = self.db.execute(
                 "UPDATE nodes SET lease_until = ?, renewed_at = ? "
@@ -104,7 +101,7 @@ class NodesStore(RunsStore):
     def rejoin(self, lease_s: float) -> None:
         """Serve on under this node's id after its lease ran out and another node closed
         its runs: its row is live again, and the stretch of contact starts anew."""
-        with self._write():
+        with self._write(NODES_LOCK):
             now = self.db_now()
             self.db.execute(
                 "UPDATE nodes SET stopped_at = NULL, lease_until = ?, renewed_at = ? WHERE id = ?",
@@ -122,7 +119,7 @@ class NodesStore(RunsStore):
 
     def leave(self) -> None:
         """This node stops; its runs are closed already (a graceful stop)."""
-        with self._write():
+        with self._write(NODES_LOCK):
             self.db.execute(
                 "UPDATE nodes SET stopped_at = ? WHERE id = ?",
                 [stamp(self.db_now()), self.node_id],
@@ -138,7 +135,7 @@ class NodesStore(RunsStore):
         needed = self._lease_s if lease_s is None else lease_s
         if self.in_touch_for() < needed:
             return []
-        with self._write():
+        with self._write(NODES_LOCK):
             now = stamp(self.db_now())
             lost = [
                 row[0]
@@ -150,9 +147,11 @@ class NodesStore(RunsStore):
                 """SELECT r.id, r.started_at, r.timeout_ms, n.renewed_at FROM runs r
                    LEFT JOIN nodes n ON n.id = r.node_id
                    WHERE r.status = 'running' AND (r.node_id IS NULL OR n.id IS NULL
-                         OR n.stopped_at IS NOT NULL OR n.lease_until < ?)""",
+                         OR n.stopped_at IS NOT NULL OR n.lease_until < ?)
+                   ORDER BY r.id"""
+                + (" FOR UPDATE OF r" if self._for_update else ""),
                 [now],
-            ).fetchall()
+            ).fetchall()  # every row locked before any audit chain's lock: no deadlock
             for node in lost:
                 self.db.execute("UPDATE nodes SET stopped_at = ? WHERE id = ?", [now, node])
             closed = []
@@ -163,6 +162,14 @@ class NodesStore(RunsStore):
                 self._finish(run_id, "failed", min(known, timeout_ms or known), INTERRUPTED, None)
                 closed.append(run_id)
             return closed
+
+    def node_url(self, node_id: str) -> tuple[str | None, bool] | None:
+        """Where node ``node_id`` answers other nodes (None: it published no address),
+        and whether it still serves (not stopped); None for a node not in the table."""
+        row = self.db.execute(
+            "SELECT url, stopped_at FROM nodes WHERE id = ?", [node_id]
+        ).fetchone()
+        return None if row is None else (row[0], row[1] is None)
 
     def live_nodes(self) -> list[dict[str, Any]]:
         """The nodes serving now (not stopped, lease not run out), oldest first."""

@@ -100,7 +100,7 @@ class RunsStore(AuditStore):
         workspace_id: str,
         key_id: str | None = None,
     ) -> None:
-        with self._write():
+        with self._write(f"budget:{install_id}"):
             before = self.db.execute(
                 "SELECT monthly_ms FROM budgets WHERE install_id = ?", [install_id]
             ).fetchone()
@@ -175,7 +175,7 @@ class RunsStore(AuditStore):
         run_id = run_id or new_id("run")
         now = utc_now()
         month = month_of(now)
-        with self._write():
+        with self._write(f"budget:{install.id}"):
             status = self.budget(install.id, month)
             if status.spent:
                 raise BudgetExhausted(install.id, status.resets_at)
@@ -234,7 +234,7 @@ class RunsStore(AuditStore):
 
         A run of this node that another node closed as interrupted (this node's lease ran
         out while it still ran it) is corrected to its real end instead (``_correct``)."""
-        with self._write():
+        with self._transaction():  # the run's row is locked as _finish reads it
             self._finish(
                 run_id, status, duration_ms, error_kind, key_id, egress, egress_audit,
                 correct=True,
@@ -255,7 +255,8 @@ class RunsStore(AuditStore):
         row = self.db.execute(
             """SELECT workspace_id, install_id, app_id, version_id, tool, user_id, surface,
                       workflow_run_id, reserved_ms, month, status, error_kind, duration_ms,
-                      node_id FROM runs WHERE id = ?""",
+                      node_id FROM runs WHERE id = ?"""
+            + self._for_update,
             [run_id],
         ).fetchone()
         if row is None:
@@ -393,12 +394,17 @@ class RunsStore(AuditStore):
         """End runs that cannot finish: ``failed``, error ``interrupted``, metered for the
         time known (from their start to now, at most their timeout), audited, their
         reservations released. Runs already ended are left as they are."""
-        with self._write():
+        with self._transaction():
             return self._interrupt(run_ids)
 
     def _interrupt(self, run_ids: list[str]) -> list[str]:
         now = datetime.now(UTC)
         closed = []
+        if run_ids and self._for_update:  # every row locked before any audit chain's lock
+            marks = ", ".join("?" * len(run_ids))
+            self.db.execute(
+                f"SELECT id FROM runs WHERE id IN ({marks}) ORDER BY id FOR UPDATE", run_ids
+            )
         for run_id in run_ids:
             row = self.db.execute(
                 "SELECT started_at, timeout_ms FROM runs WHERE id = ? AND status = 'running'",
@@ -414,6 +420,11 @@ class RunsStore(AuditStore):
             )
             closed.append(run_id)
         return closed
+
+    def run_node(self, run_id: str) -> str | None:
+        """The node that ran (or runs) ``run_id``: the one holding its result."""
+        row = self.db.execute("SELECT node_id FROM runs WHERE id = ?", [run_id]).fetchone()
+        return None if row is None else row[0]
 
     def get_run(self, run_id: str) -> RunRow | None:
         rows = list(self.db.query(_RUN_SQL + " WHERE r.id = ?", [run_id]))

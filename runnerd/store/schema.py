@@ -423,6 +423,27 @@ def _m13_node_leases(db: Database) -> None:
     db.ddl("ALTER TABLE nodes ADD COLUMN renewed_at TEXT")
 
 
+def _m14_node_urls(db: Database) -> None:
+    """Where each node answers the others for the results it holds (govern/peers.py)."""
+    db.ddl("ALTER TABLE nodes ADD COLUMN url TEXT")
+
+
+def _m15_audit_chains(db: Database) -> None:
+    """The audit trail as one hash chain per workspace (and one, ``host``, for entries of
+    no workspace), so writers of two workspaces never wait for each other (store/audit.py):
+    each entry's chain and its place in it (1, 2, 3 …). Entries written before keep their
+    one whole-database chain (``chain`` NULL). On PostgreSQL, each new entry's seq comes
+    from the table's own sequence, set past the entries already there."""
+    db.ddl("ALTER TABLE audit ADD COLUMN chain TEXT")
+    db.ddl("ALTER TABLE audit ADD COLUMN chain_seq INTEGER")
+    db.ddl("CREATE UNIQUE INDEX audit_by_chain ON audit (chain, chain_seq)")
+    if db.dialect == "postgresql":
+        db.execute(
+            "SELECT setval(pg_get_serial_sequence('audit', 'seq'), COALESCE(MAX(seq), 0) + 1, "
+            "false) FROM audit"
+        )
+
+
 # Append only: a migration, once released, never changes.
 MIGRATIONS: list[Callable[[Database], None]] = [
     _m1_apps_and_versions,
@@ -438,4 +459,6 @@ MIGRATIONS: list[Callable[[Database], None]] = [
     _m11_approval_rules,
     _m12_idempotent_approvals,
     _m13_node_leases,
+    _m14_node_urls,
+    _m15_audit_chains,
 ]
