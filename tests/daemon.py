@@ -299,6 +299,34 @@ def running_daemon(
         shutil.rmtree(data, ignore_errors=True)
 
 
+@contextmanager
+def running_nodes(
+    toolchain_dir: Path, database_url: str, count: int = 2, **settings: str
+) -> Iterator[list[Daemon]]:
+    """``count`` nodes of one cluster on the PostgreSQL ``database_url``: one secrets key,
+    the first migrating and bootstrapping it, the others joining it; all stopped on the
+    way out, the last first."""
+    key = base64.b64encode(os.urandom(32)).decode()
+    with contextlib.ExitStack() as stack:
+        first = stack.enter_context(
+            running_daemon(toolchain_dir, database_url=database_url, secrets_key=key, **settings)
+        )
+        others = [
+            stack.enter_context(running_daemon(toolchain_dir, join=first, **settings))
+            for _ in range(count - 1)
+        ]
+        yield [first, *others]
+
+
+def wait_until(check: Callable[[], Any], within_s: float, what: str, every_s: float = 0.02) -> None:
+    """Poll ``check`` until it is true; AssertionError naming ``what`` after ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {within_s} s: {what}")
+        time.sleep(every_s)
+
+
 def _descendants(pid: int) -> list[int]:
     """Every process below ``pid``, nearest first."""
     found: list[int] = []

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from conftest import RUNNERD, run_cli, write_app
-from daemon import Daemon, envelope, free_port, running_daemon
+from daemon import Daemon, envelope, free_port, running_daemon, running_nodes
 from pg_cluster import PgCluster
 from runnerd.store import MIGRATIONS
 from runnerd.store.db import lock_id
@@ -35,14 +35,9 @@ LEASE_S = "3"
 def nodes(
     pg: PgCluster, toolchain_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Daemon, Daemon, dict[str, Any]]]:
-    settings = {"approval_ttl_s": "600", "node_lease_s": LEASE_S}
-    key = base64.b64encode(os.urandom(32)).decode()
-    with (
-        running_daemon(
-            toolchain_dir, database_url=pg.new_database(), secrets_key=key, **settings
-        ) as a,
-        running_daemon(toolchain_dir, join=a, **settings) as b,
-    ):
+    with running_nodes(
+        toolchain_dir, pg.new_database(), approval_ttl_s="600", node_lease_s=LEASE_S
+    ) as (a, b):
         yield a, b, a.ship(gov_app(tmp_path_factory.mktemp("gov")))
 
 

@@ -7,9 +7,7 @@ that cannot build answers 503 ENV_NOT_READY with Retry-After, with no run starte
 
 from __future__ import annotations
 
-import base64
 import json
-import os
 import shutil
 import socket
 import statistics
@@ -22,7 +20,7 @@ from typing import Any
 import pytest
 
 from conftest import write_app
-from daemon import Daemon, envelope, running_daemon, serving_again
+from daemon import Daemon, envelope, running_nodes, serving_again
 from pg_cluster import PgCluster
 
 # Builds fetch from PyPI, as tests/test_envs.py does.
@@ -42,11 +40,7 @@ def six_app(root: Path, slug: str, pin: str, timeout_ms: int = 20000) -> Path:
 
 @pytest.fixture(scope="module")
 def nodes(pg: PgCluster, toolchain_dir: Path) -> Iterator[tuple[Daemon, Daemon]]:
-    key = base64.b64encode(os.urandom(32)).decode()
-    with (
-        running_daemon(toolchain_dir, database_url=pg.new_database(), secrets_key=key) as a,
-        running_daemon(toolchain_dir, join=a) as b,
-    ):
+    with running_nodes(toolchain_dir, pg.new_database()) as (a, b):
         yield a, b
 
 

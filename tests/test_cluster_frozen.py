@@ -6,7 +6,6 @@ waiter waits at most POSTGRES_LOCK_TIMEOUT_S, then 503 with Retry-After; its own
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -21,7 +20,7 @@ import psycopg
 import pytest
 
 from conftest import run_cli
-from daemon import Daemon, envelope, running_daemon
+from daemon import Daemon, envelope, running_nodes, wait_until
 from pg_cluster import PgCluster
 from runnerd.errors import DatabaseUnavailable
 from runnerd.limits import (
@@ -51,25 +50,11 @@ def _lock_rows(conn: psycopg.Connection[Any], node: Daemon, granted: bool) -> in
     return int(row[0]) if row else 0
 
 
-def _until(check: Any, within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within_s} s: {what}")
-        time.sleep(0.02)
-
-
 @pytest.fixture(scope="module")
 def nodes(
     pg: PgCluster, toolchain_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Daemon, Daemon, str]]:
-    key = base64.b64encode(os.urandom(32)).decode()
-    with (
-        running_daemon(
-            toolchain_dir, database_url=pg.new_database(), secrets_key=key, node_lease_s=LEASE_S
-        ) as a,
-        running_daemon(toolchain_dir, join=a, node_lease_s=LEASE_S) as b,
-    ):
+    with running_nodes(toolchain_dir, pg.new_database(), node_lease_s=LEASE_S) as (a, b):
         yield a, b, a.ship(gov_app(tmp_path_factory.mktemp("gov")))["installId"]
 
 
@@ -146,13 +131,13 @@ def test_a_node_frozen_holding_an_install_s_lock_stalls_the_other_only_within_th
             # the lock passes to A's waiting connection, which now holds it, frozen.
             watch.execute("SELECT pg_advisory_lock(%s)", [lock_id(f"budget:{iid}")])
             call.start()
-            _until(lambda: _lock_rows(watch, a, granted=False) == 1, 10, "A waits for the lock")
+            wait_until(lambda: _lock_rows(watch, a, granted=False) == 1, 10, "A waits for the lock")
             os.kill(a.proc.pid, signal.SIGSTOP)
             frozen = True
             time.sleep(0.2)
             assert _lock_rows(watch, a, granted=False) == 1  # its one statement in line
             watch.execute("SELECT pg_advisory_unlock(%s)", [lock_id(f"budget:{iid}")])
-            _until(lambda: _lock_rows(watch, a, granted=True) == 1, 5, "frozen A holds it")
+            wait_until(lambda: _lock_rows(watch, a, granted=True) == 1, 5, "frozen A holds it")
             held = time.monotonic()
             # B's calls: the first waits for the server to cut A's idle transaction, then
             # runs; the ones after it run as usual. Without the bound, they wait for A.
@@ -211,7 +196,7 @@ def test_a_node_whose_database_stops_answering_is_not_ready_within_the_bound(
         stopper = threading.Thread(target=stop_a_s_backends, args=(watch,))
         stopper.start()
         try:
-            _until(lambda: len(stopped) > 0, 5, "A's connections stopped")
+            wait_until(lambda: len(stopped) > 0, 5, "A's connections stopped")
             began = time.monotonic()
             ready = a.http.get("/readyz")
             took = time.monotonic() - began
@@ -226,7 +211,7 @@ def test_a_node_whose_database_stops_answering_is_not_ready_within_the_bound(
             stopper.join(timeout=10)
             for pid in stopped:
                 os.kill(pid, signal.SIGCONT)
-    _until(lambda: a.http.get("/readyz").status_code == 200, 10, "A ready again")
+    wait_until(lambda: a.http.get("/readyz").status_code == 200, 10, "A ready again")
     assert a.run(iid, "echo", {"text": "a-again"}).status_code == 200
     _agree(a, iid, runs=9)
 

@@ -7,7 +7,6 @@ succeeded is recorded otherwise."""
 
 from __future__ import annotations
 
-import base64
 import functools
 import os
 import shutil
@@ -24,7 +23,7 @@ import psycopg
 import pytest
 
 from conftest import AppDir, run_cli, upload_version
-from daemon import Daemon, running_daemon
+from daemon import Daemon, running_daemon, running_nodes, wait_until
 from pg_cluster import PgCluster
 from runnerd.govern.results import RUN_INTERRUPTED
 from runnerd.ids import stamp
@@ -52,17 +51,9 @@ def cluster() -> Iterator[PgCluster]:
 def nodes(
     cluster: PgCluster, toolchain_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Daemon, Daemon, str]]:
-    key = base64.b64encode(os.urandom(32)).decode()
-    with (
-        running_daemon(
-            toolchain_dir,
-            database_url=cluster.new_database(),
-            secrets_key=key,
-            node_lease_s=str(LEASE_S),
-            warm_jails="0",
-        ) as a,
-        running_daemon(toolchain_dir, join=a, node_lease_s=str(LEASE_S), warm_jails="0") as b,
-    ):
+    with running_nodes(
+        toolchain_dir, cluster.new_database(), node_lease_s=str(LEASE_S), warm_jails="0"
+    ) as (a, b):
         yield a, b, a.ship(gov_app(tmp_path_factory.mktemp("gov")))["installId"]
 
 
@@ -118,14 +109,6 @@ def serve_pid(node: Daemon) -> int:
 def status_of(node: Daemon, run_id: str) -> tuple[str, str | None, int | None]:
     [row] = sql(node, "SELECT status, error_kind, duration_ms FROM runs WHERE id = %s", run_id)
     return row[0], row[1], row[2]
-
-
-def wait_for(check: Callable[[], bool], within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within_s} s: {what}")
-        time.sleep(0.1)
 
 
 def books_agree(node: Daemon, install_id: str) -> None:
@@ -294,14 +277,14 @@ def test_a_frozen_node_s_runs_are_closed_then_corrected_by_it(
     [run_id] = running_on(b, 1)
     os.kill(b.proc.pid, signal.SIGSTOP)
     try:
-        wait_for(lambda: status_of(a, run_id)[0] != "running", 6 * LEASE_S, "a closes b's run")
+        wait_until(lambda: status_of(a, run_id)[0] != "running", 6 * LEASE_S, "a closes b's run")
         closed = status_of(a, run_id)
         assert closed[:2] == ("failed", "interrupted"), closed
     finally:
         os.kill(b.proc.pid, signal.SIGCONT)
     thread.join(timeout=30)
     assert answers[0].status_code == 200 and answers[0].json()["status"] == "succeeded", answers
-    wait_for(lambda: status_of(a, run_id)[0] == "succeeded", 3 * LEASE_S, "b corrects its run")
+    wait_until(lambda: status_of(a, run_id)[0] == "succeeded", 3 * LEASE_S, "b corrects its run")
     _, error_kind, duration_ms = status_of(a, run_id)
     assert error_kind is None and duration_ms is not None and duration_ms >= 2500
     [entry] = corrections(a, run_id)
@@ -313,7 +296,7 @@ def test_a_frozen_node_s_runs_are_closed_then_corrected_by_it(
     }  # fmt: skip
     assert (entry.status, entry.duration_ms, entry.install_id) == ("succeeded", duration_ms, iid)
     # b serves on under its own id: its lease is live again, and its runs carry it.
-    wait_for(
+    wait_until(
         lambda: bool(
             sql(
                 b,
@@ -352,7 +335,7 @@ def test_a_killed_node_s_run_is_billed_to_its_last_renewal(
         os.kill(doomed.proc.pid, signal.SIGKILL)
         killed = datetime.now(UTC)
         thread.join(timeout=30)
-    wait_for(lambda: status_of(a, run_id)[0] != "running", 4 * LEASE_S + 5, "a closes it")
+    wait_until(lambda: status_of(a, run_id)[0] != "running", 4 * LEASE_S + 5, "a closes it")
     answer = a.call("GET", f"/api/v2/runs/{run_id}", a.admin_key)
     assert answer.status_code == 200, answer.text
     detail = answer.json()
@@ -399,7 +382,7 @@ def test_an_outage_longer_than_the_lease_rewrites_no_run(
         found = sql(a, "SELECT status FROM runs WHERE id = ANY(%s)", list(ids))
         return len(found) == 6 and all(row[0] != "running" for row in found)
 
-    wait_for(all_ended, 3 * LEASE_S, "the ends kept in the outage are written")
+    wait_until(all_ended, 3 * LEASE_S, "the ends kept in the outage are written")
     time.sleep(LEASE_S)  # a whole lease of contact: nothing more is closed
     rows = sql(a, "SELECT id, status, error_kind, duration_ms FROM runs WHERE id = ANY(%s)",
                list(ids))  # fmt: skip

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from daemon import Daemon, envelope, running_daemon
+from daemon import Daemon, envelope, running_daemon, running_nodes
 from pg_cluster import PgCluster
 from runnerd.api.ratelimit import RateLimiter
 from runnerd.errors import RateLimited
@@ -34,8 +34,7 @@ _people = count()
 
 @pytest.fixture(scope="module")
 def nodes(pg: PgCluster, toolchain_dir: Path) -> Iterator[tuple[Daemon, Daemon]]:
-    with running_daemon(toolchain_dir, database_url=pg.new_database(), **LIMITS) as a, \
-            running_daemon(toolchain_dir, join=a, **LIMITS) as b:  # fmt: skip
+    with running_nodes(toolchain_dir, pg.new_database(), **LIMITS) as (a, b):
         _wait_for_share(a, 2)  # b counted two at its start; a counts again each second
         yield a, b
 

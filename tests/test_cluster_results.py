@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from daemon import Daemon, running_daemon, serving_again
+from daemon import Daemon, running_daemon, running_nodes, serving_again
 from pg_cluster import PgCluster
 from runnerd.govern.peers import PEER_HEADER, Peers
 from runnerd.govern.results import ResultCache
@@ -37,13 +37,7 @@ SETTINGS = {"node_lease_s": "3", "warm_jails": "1"}
 def nodes(
     pg: PgCluster, toolchain_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Daemon, Daemon, str]]:
-    key = base64.b64encode(os.urandom(32)).decode()
-    with (
-        running_daemon(
-            toolchain_dir, database_url=pg.new_database(), secrets_key=key, **SETTINGS
-        ) as a,
-        running_daemon(toolchain_dir, join=a, **SETTINGS) as b,
-    ):
+    with running_nodes(toolchain_dir, pg.new_database(), **SETTINGS) as (a, b):
         yield a, b, a.ship(gov_app(tmp_path_factory.mktemp("gov")))["installId"]
 
 

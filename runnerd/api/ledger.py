@@ -169,7 +169,7 @@ OPS = [
         "POST",
         "/api/v2/audit/verify",
         "verifyAudit",
-        "Verify the audit trail's hash chain (admins)",
+        "Verify the workspace's audit chain and the trail before chains (admins)",
         verify_audit,
         AuditVerdict,
         params=(Param("workspaceId", "The workspace.", required=True, max_length=MAX_ID_CHARS),),

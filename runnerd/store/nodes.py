@@ -148,10 +148,11 @@ class NodesStore(RunsStore):
                    LEFT JOIN nodes n ON n.id = r.node_id
                    WHERE r.status = 'running' AND (r.node_id IS NULL OR n.id IS NULL
                          OR n.stopped_at IS NOT NULL OR n.lease_until < ?)
-                   ORDER BY r.id"""
+                   ORDER BY r.workspace_id, r.id"""
                 + (" FOR UPDATE OF r" if self._for_update else ""),
                 [now],
-            ).fetchall()  # every row locked before any audit chain's lock: no deadlock
+            ).fetchall()  # every row locked before any audit chain's lock, both in
+            # workspace order (as _interrupt's): two closers cannot deadlock
             for node in lost:
                 self.db.execute("UPDATE nodes SET stopped_at = ? WHERE id = ?", [now, node])
             closed = []

@@ -400,11 +400,17 @@ class RunsStore(AuditStore):
     def _interrupt(self, run_ids: list[str]) -> list[str]:
         now = datetime.now(UTC)
         closed = []
-        if run_ids and self._for_update:  # every row locked before any audit chain's lock
+        if run_ids and self._for_update:  # PostgreSQL: every row locked before any audit
+            # chain's lock, in workspace order (as recover_lost_nodes'): closers cannot deadlock
             marks = ", ".join("?" * len(run_ids))
-            self.db.execute(
-                f"SELECT id FROM runs WHERE id IN ({marks}) ORDER BY id FOR UPDATE", run_ids
-            )
+            run_ids = [
+                row[0]
+                for row in self.db.execute(
+                    f"SELECT id FROM runs WHERE id IN ({marks}) ORDER BY workspace_id, id "
+                    "FOR UPDATE",
+                    run_ids,
+                ).fetchall()
+            ]
         for run_id in run_ids:
             row = self.db.execute(
                 "SELECT started_at, timeout_ms FROM runs WHERE id = ? AND status = 'running'",
