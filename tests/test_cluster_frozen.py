@@ -19,7 +19,7 @@ import httpx
 import psycopg
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, write_app
 from daemon import Daemon, envelope, running_nodes, wait_until
 from pg_cluster import PgCluster
 from runnerd.errors import DatabaseUnavailable
@@ -166,6 +166,65 @@ def test_a_node_frozen_holding_an_install_s_lock_stalls_the_other_only_within_th
     assert a.http.get("/readyz").status_code == 200
     again = a.run(iid, "echo", {"text": "a-back"})
     assert again.status_code == 200 and again.json()["output"]["echo"] == "a-back"
+    _agree(a, iid, runs=7)
+
+
+def test_a_node_frozen_holding_its_workspace_s_audit_chain_stalls_the_other_only_within_the_bound(
+    nodes: tuple[Daemon, Daemon, str], tmp_path: Path
+) -> None:
+    """The other lock a run takes: its workspace's audit chain, as its end is written. A
+    frozen in that moment (its run done in the jail) holds every run's end in the
+    workspace, on every node, only until the server cuts its idle transaction; then B
+    runs at its pace. A, woken, answers its caller the run's result and writes the run's
+    end once the database takes it: nothing lost, nothing billed twice."""
+    a, b, _ = nodes
+    iid = a.ship(write_app(tmp_path, "frozen-audit", {"echo": "def run(i):\n    return i\n"}))[
+        "installId"
+    ]
+    assert a.run(iid, "echo", {"text": "warm"}).status_code == 200
+    assert b.run(iid, "echo", {"text": "warm"}).status_code == 200
+    chain = lock_id(f"audit:{a.workspace_id}")
+    stuck: list[httpx.Response] = []
+    call = threading.Thread(target=lambda: stuck.append(a.run(iid, "echo", {"text": "frozen"})))
+    frozen = False
+    with psycopg.connect(a.env["RUNNERD_DATABASE_URL"], autocommit=True) as watch:
+        try:
+            watch.execute("SELECT pg_advisory_lock(%s)", [chain])
+            call.start()  # its run ends in the jail, then its end waits for the chain
+            wait_until(lambda: _lock_rows(watch, a, granted=False) == 1, 10, "A waits")
+            os.kill(a.proc.pid, signal.SIGSTOP)
+            frozen = True
+            time.sleep(0.2)
+            watch.execute("SELECT pg_advisory_unlock(%s)", [chain])
+            wait_until(lambda: _lock_rows(watch, a, granted=True) == 1, 5, "frozen A holds it")
+            held = time.monotonic()
+            first = b.run(iid, "echo", {"text": "b-0"})
+            waited = time.monotonic() - held
+            assert first.status_code == 200, first.text
+            assert waited > POSTGRES_IDLE_IN_TRANSACTION_S - 0.5, waited  # it waited for A
+            assert waited < POSTGRES_IDLE_IN_TRANSACTION_S + 2.5, waited
+            for i in range(1, 4):
+                began = time.monotonic()
+                assert b.run(iid, "echo", {"text": f"b-{i}"}).status_code == 200
+                assert time.monotonic() - began < 2, "B runs at its usual pace"
+        finally:
+            if frozen:
+                os.kill(a.proc.pid, signal.SIGCONT)
+            call.join(timeout=30)
+    # A's run happened: its caller has the result, and its end is written once taken.
+    assert [r.status_code for r in stuck] == [200], [r.text for r in stuck]
+    assert stuck[0].json()["output"] == {"text": "frozen"}
+    run_id = stuck[0].json()["runId"]
+
+    def ended() -> bool:
+        store = a.store()
+        try:
+            row = store.get_run(run_id)
+            return row is not None and row.status == "succeeded"
+        finally:
+            store.close()
+
+    wait_until(ended, 30, "A writes the end it kept", every_s=0.2)
     _agree(a, iid, runs=7)
 
 
