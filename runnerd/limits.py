@@ -354,6 +354,9 @@ ENV_FAILED_RETRY_S: Final = 30.0
 # runnerd: a node asking the node that ran a run for its result waits this long for the
 # answer (connect included); past it the answer says OUTPUT_NODE_UNREACHABLE.
 PEER_TIMEOUT_S: Final = 2.0
+# runnerd: what a node reads of another's answer at most: a result's output and error as
+# JSON (escaping may double the output; an error character is up to 4 bytes), and the rest.
+MAX_PEER_ANSWER_BYTES: Final = 2 * MAX_OUTPUT_BYTES + 4 * MAX_ERROR_CHARS + KB
 # runnerd: a node's signed request for a result is good this long after it was made, on
 # the asked node's clock: wide enough for any skew nodes tolerate (+/- 60 s), short enough
 # that a request seen on the wire is soon of no use.

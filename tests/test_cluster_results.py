@@ -10,14 +10,18 @@ route answers only a node's signed request for that run, made within the window.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import signal
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from daemon import Daemon, running_daemon, running_nodes, serving_again
@@ -165,3 +169,53 @@ def test_one_node_s_replay_after_its_restart_says_the_output_went_with_it(
             retry = _run(d, iid, "before the restart", "results-6").json()
     assert retry["runId"] == first["runId"] and retry["output"] is None
     assert (retry["outputAvailable"], retry["outputMissing"]) == (False, "OUTPUT_NODE_STOPPED")
+
+
+@pytest.mark.parametrize("answer", ["silent", "endless"])
+def test_a_node_url_that_hangs_or_floods_costs_the_asker_at_most_the_bound(
+    nodes: tuple[Daemon, Daemon, str], answer: str
+) -> None:
+    """A's published address replaced by a listener that never answers, or that answers
+    200 with a body without end: B's replay of A's run says OUTPUT_NODE_UNREACHABLE within
+    PEER_TIMEOUT_S (the whole answer, not each read), and reads a bounded amount."""
+    a, b, iid = nodes
+    key = f"results-hang-{answer}"
+    first = _run(a, iid, "held by a", key).json()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    sent = [0]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            if answer == "silent":
+                time.sleep(PEER_TIMEOUT_S + 3)
+                return
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n[")
+            with contextlib.suppress(OSError):
+                while sent[0] < 64 << 20:
+                    conn.sendall(b"1," * 8192)
+                    sent[0] += 16384
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    with psycopg.connect(a.env["RUNNERD_DATABASE_URL"], autocommit=True) as db:
+        [(url,)] = db.execute(
+            "SELECT url FROM nodes WHERE id = (SELECT node_id FROM runs WHERE id = %s)",
+            [first["runId"]],
+        ).fetchall()
+        db.execute("UPDATE nodes SET url = %s WHERE url = %s", [f"http://127.0.0.1:{port}", url])
+        try:
+            began = time.monotonic()
+            retry = _run(b, iid, "held by a", key).json()
+            waited = time.monotonic() - began
+        finally:
+            db.execute(
+                "UPDATE nodes SET url = %s WHERE url = %s", [url, f"http://127.0.0.1:{port}"]
+            )
+            listener.close()
+    assert (retry["outputAvailable"], retry["outputMissing"]) == (False, "OUTPUT_NODE_UNREACHABLE")
+    assert waited < PEER_TIMEOUT_S + 1.5, waited
+    assert sent[0] < 64 << 20  # B stopped reading long before the flood's end
+    assert _run(b, iid, "held by a", key).json() == first  # A's own address again

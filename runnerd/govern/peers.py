@@ -15,6 +15,7 @@ it stopped since, it did not answer within PEER_TIMEOUT_S, or it no longer holds
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ import httpx
 import msgspec
 
 from runnerd.govern.results import CallResult, ResultCache
-from runnerd.limits import PEER_TIMEOUT_S, PEER_TOKEN_WINDOW_S
+from runnerd.limits import MAX_PEER_ANSWER_BYTES, PEER_TIMEOUT_S, PEER_TOKEN_WINDOW_S
 from runnerd.model import RunStatus
 
 __all__ = ["PEER_HEADER", "PEER_PATH", "PeerUnreachable", "Peers"]
@@ -87,16 +88,23 @@ class Peers:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=PEER_TIMEOUT_S, trust_env=False)
         target = url.rstrip("/") + PEER_PATH.format(run_id=run_id)
+        headers = {PEER_HEADER: self.sign(run_id)}
         try:
-            response = await self._client.get(target, headers={PEER_HEADER: self.sign(run_id)})
-        except httpx.HTTPError as error:
-            raise PeerUnreachable(str(error)) from None
-        if response.status_code == 404:
-            return None
-        if response.status_code != 200:
-            raise PeerUnreachable(f"HTTP {response.status_code}")
+            async with asyncio.timeout(PEER_TIMEOUT_S):  # the whole answer, not each read
+                async with self._client.stream("GET", target, headers=headers) as response:
+                    if response.status_code == 404:
+                        return None
+                    if response.status_code != 200:
+                        raise PeerUnreachable(f"HTTP {response.status_code}")
+                    body = bytearray()
+                    async for chunk in response.aiter_raw():
+                        body += chunk
+                        if len(body) > MAX_PEER_ANSWER_BYTES:
+                            raise PeerUnreachable("the answer is larger than any result")
+        except (httpx.HTTPError, TimeoutError) as error:
+            raise PeerUnreachable(str(error) or type(error).__name__) from None
         try:
-            held = msgspec.json.decode(response.content, type=_Wire)
+            held = msgspec.json.decode(bytes(body), type=_Wire)
         except msgspec.ValidationError as error:
             raise PeerUnreachable(f"not a result: {error}") from None
         if held.run_id != run_id:
