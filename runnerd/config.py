@@ -9,6 +9,7 @@ here; fixed limits live in limits.py. A leaf: it checks values with the leaf mod
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -45,6 +46,14 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # it holds in memory (docs/SCALING.md), such as "http://10.0.0.7:8000". Default:
     # http://<host>:<port>, with a wildcard host (0.0.0.0, ::) read as this host's name.
     node_url: str | None = None
+    # The apps origin (docs/INSTALL.md): a second listener serving apps' pages only, on
+    # another origin than the Manage page's. Its port (default: port + 1; 0 serves no
+    # pages), and the origin browsers reach it at, such as "https://apps.example.com"
+    # (behind a proxy). Default: http://localhost:<apps_port> when host is a loopback
+    # address (another host than 127.0.0.1, so the two share no cookies), else
+    # http://<host>:<apps_port>.
+    apps_port: int | None = None
+    apps_url: str | None = None
     # Host header values /mcp and OAuth accept (DNS-rebinding protection), besides the
     # loopback names and the host of public_url; "*" accepts any.
     allowed_hosts: tuple[str, ...] = ()
@@ -55,6 +64,10 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     oauth_access_token_s: int = 3600
     oauth_refresh_token_days: int = 30
     oauth_allow_loopback_clients: bool = False
+    # Git deploys by push webhook (docs/TOOL-FILES.md): whether the configured repository
+    # may be a local path or file:// (tests, a repository on this host); off, the daemon
+    # fetches only the http(s):// or git:// URL an admin configured, with no redirects.
+    git_deploy_allow_local: bool = False
     # Node.js that runs JS/TS tools and the upload checks: a path, or a name on PATH.
     node: str = "node"
     # Python that runs Python tools; default: the daemon's own, if jails can read it.
@@ -164,6 +177,25 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return f"http://{host}:{self.port}"
 
     @property
+    def apps_listen_port(self) -> int:
+        """The port of the apps origin's listener; 0 when pages are off."""
+        return self.port + 1 if self.apps_port is None else self.apps_port
+
+    @property
+    def apps_base(self) -> str | None:
+        """The apps origin's address for browsers, without a trailing slash; None when
+        pages are off."""
+        port = self.apps_listen_port
+        if port == 0:
+            return None
+        if self.apps_url is not None:
+            return self.apps_url.rstrip("/")
+        if _is_loopback(self.host):
+            return f"http://localhost:{port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{port}"
+
+    @property
     def node_base(self) -> str:
         """Where the other nodes reach this one, without a trailing slash."""
         if self.node_url is not None:
@@ -185,6 +217,16 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """``toolchain_dir``; else the toolchain bundled in a zipapp (scripts/build-zipapp);
         else ``<data_dir>/toolchain``."""
         return self.toolchain_dir or _bundled_toolchain() or self.data_dir / "toolchain"
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1) or "localhost"."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _bundled_toolchain() -> Path | None:
@@ -292,6 +334,40 @@ def load_settings(
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
             raise ConfigError(
                 f"invalid setting node_url: {settings.node_url!r} (http(s)://host[:port])"
+            )
+    if settings.apps_port is not None and not 0 <= settings.apps_port <= L.MAX_PORT:
+        raise ConfigError(
+            f"invalid setting apps_port: {settings.apps_port} (0 serves no pages, else a "
+            f"port 1 to {L.MAX_PORT})"
+        )
+    if settings.apps_listen_port != 0 and settings.apps_listen_port == settings.port:
+        raise ConfigError(
+            f"invalid setting apps_port: {settings.apps_listen_port} is port's too; the apps "
+            "origin listens on a port of its own (default: port + 1; 0 serves no pages)"
+        )
+    if settings.apps_port is None and settings.port >= L.MAX_PORT:
+        raise ConfigError(
+            f"invalid setting apps_port: port + 1 is past {L.MAX_PORT}; set apps_port "
+            "(0 serves no pages)"
+        )
+    if settings.apps_url is not None:
+        parts = urlsplit(settings.apps_url)
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or parts.path not in ("", "/")
+            or parts.query
+            or parts.fragment
+        ):
+            raise ConfigError(
+                f"invalid setting apps_url: {settings.apps_url!r} (an origin: "
+                "http(s)://host[:port], no path, query or fragment)"
+            )
+        public = urlsplit(settings.public_base)
+        if (parts.scheme, parts.netloc.lower()) == (public.scheme, public.netloc.lower()):
+            raise ConfigError(
+                f"invalid setting apps_url: {settings.apps_url!r} is the Manage page's "
+                "origin (public_url); apps' pages are served on an origin of their own"
             )
     if settings.log_format not in ("text", "json"):
         raise ConfigError(f"invalid setting log_format: {settings.log_format!r} (text or json)")

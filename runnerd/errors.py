@@ -52,6 +52,8 @@ __all__ = [
     "EgressNotRequested",
     "EnvBuildFailed",
     "EnvNotReady",
+    "GitDeployNotFound",
+    "GitSourceInvalid",
     "HostNotAllowed",
     "IdempotencyConflict",
     "InputRejected",
@@ -75,12 +77,14 @@ __all__ = [
     "McpStopping",
     "MemberNotFound",
     "MissingWorkspace",
+    "NoPages",
     "NoPreviousVersion",
     "NotAMember",
     "NotAnApprover",
     "NotReady",
     "OAuthRequestNotFound",
     "OriginNotAllowed",
+    "PagesOff",
     "PersonalKeyRequired",
     "RateLimited",
     "RequestHeadTooLarge",
@@ -92,6 +96,7 @@ __all__ = [
     "SecretNotFound",
     "Stopping",
     "StoreUnavailable",
+    "SurfaceNotProven",
     "TooManyConnections",
     "ToolNotFound",
     "ToolUnusable",
@@ -102,6 +107,7 @@ __all__ = [
     "VersionNotFound",
     "VersionNotPublished",
     "WebhookNotFound",
+    "WebhookSignatureInvalid",
     "WorkspaceKeyNotAllowed",
     "WorkspaceNotFound",
 ]
@@ -166,8 +172,22 @@ class WorkspaceKeyNotAllowed(RunnerdError):
     )
 
 
+class SurfaceNotProven(RunnerdError):
+    """A run that names a surface its credential does not prove (``details.field``: the
+    body's ``surface``, or the ``X-Runnerd-Frame`` header that did not verify)."""
+
+    reason, status = "SURFACE_NOT_PROVEN", 403
+
+    def __init__(self, message: str, field: str = "surface") -> None:
+        self.field = field
+        super().__init__(message)
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"field": self.field}
+
+
 class PersonalKeyRequired(RunnerdError):
-    """A scoped token, where only a personal key will do (signing in)."""
+    """A scoped token, where only a personal key will do (signing in, opening a frame)."""
 
     reason, status = "PERSONAL_KEY_REQUIRED", 403
 
@@ -411,6 +431,30 @@ class InstallNotFound(RunnerdError):
     default_message = "No such install"
 
 
+class NoPages(RunnerdError):
+    """The install's version ships no pages (its manifest names no ``pages`` folder)."""
+
+    reason, status = "NO_PAGES", 404
+    default_message = "The installed version has no pages: its manifest names no pages folder"
+
+
+class NoDevPages(RunnerdError):
+    """The person holds no dev pages of the install on this node (runnerd app dev)."""
+
+    reason, status = "NO_DEV_PAGES", 404
+    default_message = (
+        "You hold no dev pages of this install on this node: run runnerd app dev DIR "
+        "(against this node's URL)"
+    )
+
+
+class PagesOff(RunnerdError):
+    """The daemon serves no app pages: its ``apps_port`` is 0."""
+
+    reason, status = "PAGES_OFF", 409
+    default_message = "This daemon serves no app pages (apps_port is 0): an operator sets apps_port"
+
+
 # --- calls ----------------------------------------------------------------------------------
 
 
@@ -543,6 +587,36 @@ class WebhookNotFound(RunnerdError):
 
     reason, status = "WEBHOOK_NOT_FOUND", 404
     default_message = "This workspace has no webhook"
+
+
+class GitSourceInvalid(RunnerdError):
+    """A Git deploy whose repository cannot be read, whose ref names no commit, or whose
+    path holds no app at that commit (``details.field``: ``repository``, ``ref``, ``path``)."""
+
+    reason, status = "GIT_SOURCE_INVALID", 400
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+    def wire_details(self) -> dict[str, Any]:
+        return {"field": self.field}
+
+
+class GitDeployNotFound(RunnerdError):
+    """No Git deploy is set for this app in this workspace."""
+
+    reason, status = "GIT_DEPLOY_NOT_FOUND", 404
+    default_message = "No Git deploy is set for this app in this workspace"
+
+
+class WebhookSignatureInvalid(Unauthenticated):
+    """A push webhook whose X-Hub-Signature-256 is missing or does not sign its body."""
+
+    default_message = (
+        "X-Hub-Signature-256 is missing, or is not sha256=<HMAC-SHA256 of the body> "
+        "with the Git deploy's secret"
+    )
 
 
 # --- secrets --------------------------------------------------------------------------------

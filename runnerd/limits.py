@@ -41,6 +41,19 @@ MAX_EGRESS_ENTRIES: Final = 100  # runnerd: an app calls a handful of systems, n
 # runnerd: one egress entry as written: a DNS name (253, RFC 1035), "*." and a ":port".
 MAX_EGRESS_ENTRY_CHARS: Final = 260
 MAX_NPM_NAME_CHARS: Final = 214  # npm: a package name is at most 214 characters
+# runnerd: an app's pages (the manifest's ``pages`` folder, served on the apps origin):
+# a built single-page app is a few files of a few hundred KB; a vendor bundle or an
+# image may be a few MB. Larger is a mistake (or a data set), not a page.
+MAX_PAGE_BYTES: Final = 5 * MB  # one page file
+MAX_PAGES_BYTES: Final = 20 * MB  # every page file of a version together
+MAX_PAGE_FILES: Final = 1_000  # page files of a version (within MAX_BUNDLE_FILES)
+DEFAULT_PAGE_ENTRY: Final = "index.html"  # the page a frame opens when ``entry`` is absent
+DEV_PAGES_TTL_S: Final = 3600  # runnerd: dev pages (runnerd app dev) held after the last PUT
+# runnerd: `runnerd app dev` looks at the pages folder this often, and PUTs the pages again
+# this often, changed or not (well within their time on the node).
+DEV_POLL_S: Final = 0.3
+DEV_REFRESH_S: Final = DEV_PAGES_TTL_S / 4
+DEV_PAGES_MAX_BYTES: Final = 64 * MB  # runnerd: every person's dev pages one node holds
 
 # Source extensions and the language each one is.
 SOURCE_LANGUAGES: Final[dict[str, Language]] = {
@@ -117,9 +130,12 @@ MAX_SMALL_BODY_BYTES: Final = 16 * KB
 # runnerd: a body carrying one secret value: twice the value, so that one whose every
 # character is escaped in JSON still fits.
 MAX_SECRET_BODY_BYTES: Final = 2 * MAX_SECRET_BYTES
-# runnerd: a deploy's body: the largest legal bundle, base64-encoded, and 1 MB for JSON.
+# runnerd: a deploy's body: the largest legal bundle (its pages too), base64-encoded, and
+# 1 MB for JSON.
 MAX_DEPLOY_BODY_BYTES: Final = (
-    MAX_MANIFEST_BYTES + MAX_TOOLS_PER_APP * (MAX_SOURCE_BYTES + MAX_TOOL_YAML_BYTES)
+    MAX_MANIFEST_BYTES
+    + MAX_TOOLS_PER_APP * (MAX_SOURCE_BYTES + MAX_TOOL_YAML_BYTES)
+    + MAX_PAGES_BYTES
 ) * 4 // 3 + 1 * MB
 # runnerd: the strings and brackets a deploy body may hold: a path and a content per file,
 # for twice the files a bundle may hold (more than that is refused with the bundle's reason).
@@ -128,6 +144,11 @@ MAX_DEPLOY_BODY_TOKENS: Final = 2 * 2 * MAX_BUNDLE_FILES + 8
 # of small objects takes ~1 ms to decode and ~3 ms to scan for repeated keys (measured).
 DECODE_INLINE_BYTES: Final = 64 * KB
 LOGIN_LINK_TTL_S: Final = 600  # runnerd: a sign-in link is good once, for 10 minutes
+# runnerd (issue 26's contract): a frame token (api/frames.py) opens an app's pages for an
+# hour; the Manage page asks for a new one each time it opens the app.
+FRAME_TOKEN_TTL_S: Final = 3600
+# runnerd: a frame token's length in a URL, far above a real one (~120 characters).
+MAX_FRAME_TOKEN_CHARS: Final = 512
 # runnerd: API keys the rate limiter tracks before it forgets those idle past
 # RATE_LIMIT_IDLE_S (they would have refilled to their burst: 2 s at the default rate).
 RATE_LIMIT_MAX_KEYS: Final = 100_000
@@ -205,6 +226,10 @@ LEFTOVER_WAIT_S: Final = 2.0
 # harness exits right after writing (p99 12 ms for Python, 30 ms for Node on a loaded
 # 2-core host, measured).
 REPLY_GRACE_S: Final = 0.1
+# runnerd: a run's deadline timer firing this much late means the daemon itself was stalled
+# (stopped, paused, starved) past it; then the tool gets its timeout again from then (a
+# reply that came meanwhile waits in its pipe), and is billed at most its timeout.
+LATE_TIMER_S: Final = 0.25
 WARM_MAX_IDLE_S: Final = 120  # runnerd: a waiting jail older than this is replaced, not used
 WARM_MAX_KINDS: Final = 16  # runnerd: kinds (language + package env) keeping waiting jails
 # runnerd: a waiting jail that died younger than this is not replaced until its kind is
@@ -304,6 +329,7 @@ IN_LIST_IDS: Final = 500
 
 DEFAULT_HOST: Final = "127.0.0.1"  # runnerd: loopback only; other addresses are configured
 DEFAULT_PORT: Final = 8686  # runnerd: its own, away from development servers' 8000 and 8080
+MAX_PORT: Final = 65_535  # TCP: a port number is 16 bits (the apps origin's: apps_port)
 DEFAULT_DATA_DIR: Final = "~/.local/share/runnerd"  # the XDG data home of the daemon's user
 
 # --- Toolchain used at upload to compile TypeScript and read JS exports ---------------------
@@ -357,7 +383,20 @@ PEER_TIMEOUT_S: Final = 2.0
 # runnerd: what a node reads of another's answer at most: a result's output and error as
 # JSON (escaping may double the output; an error character is up to 4 bytes), and the rest.
 MAX_PEER_ANSWER_BYTES: Final = 2 * MAX_OUTPUT_BYTES + 4 * MAX_ERROR_CHARS + KB
+# runnerd: the requests for results a node remembers (their nonces, for twice the window)
+# so that none is answered twice; past it the oldest are forgotten first.
+MAX_PEER_NONCES: Final = 100_000
 # runnerd: a node's signed request for a result is good this long after it was made, on
 # the asked node's clock: wide enough for any skew nodes tolerate (+/- 60 s), short enough
 # that a request seen on the wire is soon of no use.
 PEER_TOKEN_WINDOW_S: Final = 300
+
+# --- Deploy from Git (upload/git.py, api/git_webhook.py) -----------------------------------
+
+# runnerd: what one file read out of a commit holds at most: no bundle file can be larger
+# than the whole deploy body, and the walk reads no more than a limit and a byte of any file.
+GIT_FILE_CAP_BYTES: Final = MAX_DEPLOY_BODY_BYTES + 1
+GIT_TREE_CAP_BYTES: Final = 4 * MAX_DEPLOY_BODY_BYTES  # runnerd: the app folder at a commit
+GIT_TIMEOUT_S: Final = 120.0  # runnerd: one git step (fetch, ls-tree, cat-file) at most
+# runnerd: a push event's body: GitHub's carries up to 20 commits with their file lists.
+MAX_PUSH_BODY_BYTES: Final = 4 * MB

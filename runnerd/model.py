@@ -20,6 +20,7 @@ __all__ = [
     "Language",
     "Manifest",
     "ModuleFormat",
+    "Page",
     "Problem",
     "Role",
     "RunEnd",
@@ -66,6 +67,8 @@ class Manifest(msgspec.Struct, frozen=True):
     tools: tuple[str, ...]  # the globs
     text: str  # the manifest file as uploaded
     egress: tuple[str, ...] = ()  # the destinations asked for, in normal form
+    pages: str | None = None  # the pages folder, relative to the manifest ("dist"), if any
+    entry: str | None = None  # the page a frame opens (in the pages folder), if pages
 
 
 class Tool(msgspec.Struct, frozen=True):
@@ -88,6 +91,15 @@ class Tool(msgspec.Struct, frozen=True):
     module_format: ModuleFormat | None  # for JavaScript and TypeScript, None for Python
 
 
+class Page(msgspec.Struct, frozen=True):
+    """One file of an app's pages: its path in the pages folder, content, type, digest."""
+
+    path: str
+    content: bytes
+    content_type: str
+    sha256: str  # hex
+
+
 class Bundle(msgspec.Struct, frozen=True):
     """A checked upload: what a deploy stores as one immutable version."""
 
@@ -95,3 +107,4 @@ class Bundle(msgspec.Struct, frozen=True):
     tools: tuple[Tool, ...]  # sorted by name
     warnings: tuple[Problem, ...]
     content_hash: str  # sha256 of the manifest and every tool file, source and build
+    pages: tuple[Page, ...] = ()  # sorted by path; its pages' digests are in content_hash

@@ -82,6 +82,7 @@ class Runnerd:
         self.env = env  # what a local ``runnerd`` command needs to use its data dir
         self._transport = transport
         self.http = self.client()
+        self._bound: dict[tuple[str, str], str] = {}  # (key, surface) -> its bound token
 
     def client(self, **kw: Any) -> httpx.Client:
         """A new HTTP client of this runnerd with cookies of its own (a second browser,
@@ -123,6 +124,23 @@ class Runnerd:
             return store.create_key(**kw)[1]
         finally:
             store.close()
+
+    def bound_token(self, key: str, surface: str) -> str:
+        """A token of ``key``'s person bound to ``surface`` (relay, workflow, chat; made
+        once, through the store): the credential that proves that surface, as a run's body
+        no longer can (api/surfaces.py)."""
+        if (key, surface) not in self._bound:
+            store = self.store()
+            try:
+                found = store.find_key(key)
+                assert found is not None and found.user_id is not None, "a person's key"
+                self._bound[key, surface] = store.create_key(
+                    kind="token", user_id=found.user_id, scopes=("api:read", "tools:run"),
+                    name=f"{surface} token", surface=surface,
+                )[1]  # fmt: skip
+            finally:
+                store.close()
+        return self._bound[key, surface]
 
     def call(
         self,
@@ -178,10 +196,16 @@ class Runnerd:
     def run(
         self, install_id: str, tool: str, value: Any, key: str | None = None, **body: Any
     ) -> httpx.Response:
+        """Run a tool with ``key`` (the admin's by default). A ``surface`` of relay,
+        workflow or chat is made with ``key``'s person's token bound to it
+        (``bound_token``), the credential that proves it; any other is the body's claim."""
+        key = key or self.admin_key
+        if body.get("surface") in ("relay", "workflow", "chat"):
+            key = self.bound_token(key, body["surface"])
         return self.call(
             "POST",
             f"/api/v2/apps/installs/{install_id}/tools/{tool}/run",
-            key or self.admin_key,
+            key,
             json={"input": value, **body},
         )
 
@@ -246,7 +270,9 @@ def running_daemon(
     bootstrapped."""
     data = new_data_dir()
     port = free_port()
-    env = runnerd_env(data, toolchain_dir, settings)
+    # The apps origin's port (daemon/apps_origin.py): a free one, not port + 1 by chance.
+    apps_port = next(p for p in iter(free_port, None) if p != port)
+    env = runnerd_env(data, toolchain_dir, {"apps_port": str(apps_port), **settings})
     if join is not None:
         env.update({k: v for k, v in join.env.items()
                     if k in ("RUNNERD_DATABASE_URL", "RUNNERD_SECRETS_KEY")})  # fmt: skip

@@ -83,7 +83,7 @@ def test_run_by_reference_records_the_workflow_run(daemon: Daemon, install: dict
     response = daemon.call(
         "POST",
         "/api/v2/apps/tools/deal-desk/route_ticket/run",
-        member,
+        daemon.bound_token(member, "workflow"),  # a workflow's token proves the surface
         params={"workspaceId": daemon.workspace_id},
         json={
             "input": {"subject": "Invoice 7", "customer_tier": "enterprise"},

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import json
 import os
 import pwd
 import re
 import secrets
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +52,11 @@ from runnerd.upload.walk import read_app_dir
 pytestmark = pytest.mark.jail  # three runs in real sandboxes
 BACKENDS = ("sqlite", "postgresql")  # the trail is written alike on both stores
 # The walk reads the trail after every call: more requests than the default burst allows.
-DAEMON_SETTINGS = {"approval_ttl_s": "600", "rate_limit_burst": "1000"}
+DAEMON_SETTINGS = {
+    "approval_ttl_s": "600",
+    "rate_limit_burst": "1000",
+    "git_deploy_allow_local": "true",  # the Git deploy's repository: a folder of the test
+}
 
 CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 STREAMS = "application/json, text/event-stream"
@@ -74,11 +80,13 @@ class Expect:
 
 KEY, PAGE, WS_KEY, LINK = "key", "session", "workspace key", "sign-in link"
 CLIENT = "OAuth client"  # a chat client at the OAuth endpoints: no key, no session
+GIT_SERVER = "Git server"  # a push webhook: signed with the Git deploy's secret, no key
 INSTALL = "/api/v2/apps/installs/{installId}"
 MEMBERS = "/api/v2/workspaces/{workspaceId}/members"
 KEYS = "/api/v2/workspaces/{workspaceId}/keys"
 RULES = "/api/v2/workspaces/{workspaceId}/approval-rules/{appSlug}"
 WEBHOOK = "/api/v2/workspaces/{workspaceId}/webhook"
+GIT_DEPLOY = "/api/v2/workspaces/{workspaceId}/git-deploys/{appSlug}"
 
 WALK: dict[tuple[str, str], Expect] = {
     ("POST", "/api/v2/apps/deploy"): Expect(("app.deploy",), (KEY, WS_KEY)),
@@ -88,6 +96,12 @@ WALK: dict[tuple[str, str], Expect] = {
     ("POST", "/api/v2/apps/installs"): Expect(("app.install",), (KEY, PAGE)),
     ("POST", f"{INSTALL}/switch"): Expect(("app.switch",), (KEY, PAGE)),
     ("POST", f"{INSTALL}/rollback"): Expect(("app.rollback",), (KEY, PAGE)),
+    ("POST", f"{INSTALL}/frame"): Expect(("app.open",), (KEY, PAGE)),
+    # runnerd app dev: the person's pages held in the node's memory (app.dev when none was).
+    ("PUT", f"{INSTALL}/dev-pages"): Expect(("app.dev",), (KEY, PAGE)),
+    ("DELETE", f"{INSTALL}/dev-pages"): Expect(
+        (), (KEY, PAGE), why="drops the person's dev pages from the node's memory: none stored"
+    ),
     ("PUT", f"{INSTALL}/egress"): Expect(("install.egress",)),
     ("PUT", f"{INSTALL}/secrets/{{name}}"): Expect(("secret.set",), (KEY, PAGE)),
     ("DELETE", f"{INSTALL}/secrets/{{name}}"): Expect(("secret.delete",), (KEY, PAGE)),
@@ -110,6 +124,10 @@ WALK: dict[tuple[str, str], Expect] = {
     ("DELETE", RULES): Expect(("approval_rule.delete",), (KEY, PAGE)),
     ("PUT", WEBHOOK): Expect(("webhook.set",), (KEY, PAGE)),
     ("DELETE", WEBHOOK): Expect(("webhook.delete",), (KEY, PAGE)),
+    ("PUT", GIT_DEPLOY): Expect(("git_deploy.set",)),
+    ("DELETE", GIT_DEPLOY): Expect(("git_deploy.delete",)),
+    # A signed push deploys the pushed commit: no person, no key, the workspace's trail.
+    ("POST", "/api/v2/apps/{appSlug}/git-webhook"): Expect(("app.deploy",), (GIT_SERVER,)),
     ("POST", "/api/v2/session"): Expect(("session.create",), (KEY, LINK)),
     ("DELETE", "/api/v2/session"): Expect(("session.end",), (PAGE,)),
     ("PUT", MEMBERS): Expect(("member.set",), (KEY, PAGE)),
@@ -302,13 +320,18 @@ class Walk:
 
 
 def walk_app(root: Path, slug: str, version: str) -> Path:
-    """``echo`` (read) answers its input; ``send`` is a write tool."""
+    """``echo`` (read) answers its input; ``send`` is a write tool; a page for its frame."""
     sources = {
         "echo": "def run(i):\n    return {'echo': i.get('text')}\n",
         "send": "def run(i):\n    return {'sent': i.get('to')}\n",
     }
     docs = {"echo": {"effect": "read"}, "send": {"effect": "write"}}
-    return write_app(root, slug, sources, version=version, docs=docs)
+    app = write_app(root, slug, sources, version=version, docs=docs)
+    with (app / "agentserve.app.yaml").open("a") as manifest:  # and pages, for its frame
+        manifest.write("pages: ./web\n")
+    (app / "web").mkdir()
+    (app / "web" / "index.html").write_text("<p>walk</p>")
+    return app
 
 
 def files_of(app: Path) -> dict[str, str]:
@@ -372,6 +395,10 @@ def test_every_operation_leaves_its_entry_naming_who_did_it(daemon: Daemon, tmp_
     for who in (key, page):
         w.do(("POST", f"{INSTALL}/switch"), who, f"{base}/switch", json={"version": "2"})
         w.do(("POST", f"{INSTALL}/rollback"), who, f"{base}/rollback")
+        w.do(("POST", f"{INSTALL}/frame"), who, f"{base}/frame")
+        dev = {"files": {"index.html": base64.b64encode(b"<p>dev</p>").decode()}}
+        w.do(("PUT", f"{INSTALL}/dev-pages"), who, f"{base}/dev-pages", json=dev)
+        w.do(("DELETE", f"{INSTALL}/dev-pages"), who, f"{base}/dev-pages")
     w.do(("PUT", f"{INSTALL}/egress"), key, f"{base}/egress", json={"egress": []})
 
     # Secrets (never their values), budgets.
@@ -397,6 +424,28 @@ def test_every_operation_leaves_its_entry_naming_who_did_it(daemon: Daemon, tmp_
         assert "h00k" not in json.dumps(new) and made.json()["secret"] not in json.dumps(new)
         w.do(("DELETE", WEBHOOK), who, hook)
 
+    # A Git deploy (its entry names the repository, never the secret), and a signed push.
+    repo = walk_app(tmp_path / "repo", "walk-git", "1")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(repo), "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}  # fmt: skip
+    for args in (("init", "-q", "-b", "main"), ("add", "-A"), ("commit", "-q", "-m", "one")):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, env=env)
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, env=env,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    git_deploy = f"/api/v2/workspaces/{ws}/git-deploys/walk-git"
+    made, new = w.do(("PUT", GIT_DEPLOY), key, git_deploy, json={"repository": str(repo)})
+    assert made.json()["secret"] not in json.dumps(new)
+    assert w.only(new, "git_deploy.set")["detail"]["repository"] == str(repo)
+    pushed = json.dumps({"ref": "refs/heads/main", "after": commit}).encode()
+    mac = hmac.new(made.json()["secret"].encode(), pushed, hashlib.sha256).hexdigest()
+    server = Who(GIT_SERVER, d.http, {"X-Hub-Signature-256": f"sha256={mac}",
+                                      "Content-Type": "application/json"}, None, None)  # fmt: skip
+    _, new = w.do(("POST", "/api/v2/apps/{appSlug}/git-webhook"), server,
+                  "/api/v2/apps/walk-git/git-webhook", params=q, content=pushed)  # fmt: skip
+    assert w.only(new, "app.deploy")["detail"]["commit"] == commit
+    w.do(("DELETE", GIT_DEPLOY), key, git_deploy)
+
     # Tools: a check leaves nothing; a read tool runs; write tools from chat are held.
     check = ("POST", f"{INSTALL}/tools/{{toolName}}/check")
     for who in (key, page):
@@ -406,6 +455,15 @@ def test_every_operation_leaves_its_entry_naming_who_did_it(daemon: Daemon, tmp_
     assert ran.json()["status"] == "succeeded", ran.text
     assert ran.json()["output"] == {"echo": INPUT_MARK}
     assert w.only(new, "tool.run")["surface"] == "api"
+    ran, new = w.do(run, page, f"{base}/tools/echo/run",  # the page's test-run form
+                    json={"input": {"text": INPUT_MARK}, "surface": "test"})  # fmt: skip
+    assert w.only(new, "tool.run")["surface"] == "test"
+    # A chat client's token (bound to chat: a session or a personal key proves no chat).
+    chat_token = {"kind": "token", "scopes": ["tools:run"], "surface": "chat"}
+    made, new = w.do(("POST", KEYS), page, keys, json=chat_token)
+    assert w.only(new, "key.create")["detail"]["surface"] == "chat"
+    chat = Who(KEY, d.client(), {"X-API-Key": made.json()["apiKey"]}, admin_id,
+               made.json()["key"]["keyId"])  # fmt: skip
     held: dict[str, str] = {}  # who asked -> the approval
 
     def ask(op: tuple[str, str], who: Who, path: str, label: str) -> None:
@@ -416,10 +474,10 @@ def test_every_operation_leaves_its_entry_naming_who_did_it(daemon: Daemon, tmp_
         assert entry["detail"]["approvalId"] == answer.json()["approvalId"]
         held[label] = answer.json()["approvalId"]
 
-    ask(run, page, f"{base}/tools/send/run", "page")
-    ask(("POST", "/api/v2/apps/tools/{appSlug}/{toolName}/run"), key,
-        "/api/v2/apps/tools/walk/send/run?workspaceId=" + ws, "key")  # fmt: skip
-    ask(run, key, f"{base}/tools/send/run", "key again")
+    ask(run, chat, f"{base}/tools/send/run", "chat")
+    ask(("POST", "/api/v2/apps/tools/{appSlug}/{toolName}/run"), chat,
+        "/api/v2/apps/tools/walk/send/run?workspaceId=" + ws, "by reference")  # fmt: skip
+    ask(run, chat, f"{base}/tools/send/run", "chat again")
 
     # MCP: the handshake leaves nothing; a write tool's call is held for approval.
     mcp = f"/mcp?workspaceId={ws}"
@@ -454,10 +512,10 @@ def test_every_operation_leaves_its_entry_naming_who_did_it(daemon: Daemon, tmp_
         assert (ran["actorUserId"], ran["actorKeyId"], ran["workspaceId"]) == (
             asker.user_id, asker.key_id, ws)  # fmt: skip
 
-    approve(key, held["page"], page)
-    approve(page, held["key"], key)
+    approve(key, held["chat"], chat)
+    approve(page, held["by reference"], chat)
     deny = ("POST", "/api/v2/approvals/{approvalId}/deny")
-    w.do(deny, page, f"/api/v2/approvals/{held['key again']}/deny")
+    w.do(deny, page, f"/api/v2/approvals/{held['chat again']}/deny")
     w.do(deny, key, f"/api/v2/approvals/{held['mcp']}/deny")
     for who in (key, page):
         w.do(("POST", "/api/v2/audit/verify"), who, "/api/v2/audit/verify", params=q)

@@ -5,7 +5,9 @@ CSV keeps each surface's header (the CLI's column names, the API's wire names)."
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -156,3 +158,35 @@ def test_service_install_bootstraps_once(tmp_path: Path) -> None:
     assert again.stderr == f"runnerd: {data} has a workspace already; not bootstrapping\n"
     link = run_cli("admin", "login-link", "--data-dir", str(data), "--email", "ops@example.com")
     assert link.returncode == 0, link.stderr
+
+
+def test_a_command_with_another_audit_key_writes_nothing_and_says_so(
+    app_daemon: InProcess, tmp_path: Path
+) -> None:
+    """A CLI run with an audit key other than the one that wrote the trail (a stale
+    audit.key in another data dir, another audit_key) would break the chain for good with
+    its first entry: it refuses before writing, naming the key; `audit verify` still reads
+    (and names the key it checked under). A data dir with no store is not made one."""
+    d = app_daemon
+    before = run_cli("audit", "verify", "--json", env=d.env)
+    assert before.returncode == 0, before.stderr
+    other = {**d.env, "RUNNERD_AUDIT_KEY": base64.b64encode(os.urandom(32)).decode()}
+    refused = run_cli("admin", "login-link", "--email", "ada@example.com", env=other)
+    assert refused.returncode != 0 and refused.stdout == ""
+    assert "does not verify under this command's audit key" in refused.stderr, refused.stderr
+    after = run_cli("audit", "verify", "--json", env=d.env)
+    assert after.returncode == 0, after.stderr  # nothing was written under the other key
+    assert json.loads(after.stdout)["entries"] == json.loads(before.stdout)["entries"]
+    wrong = run_cli("audit", "verify", env=other)
+    assert wrong.returncode == 1 and "checked under the audit key of the audit_key setting" in (
+        wrong.stdout
+    ), wrong.stdout
+    # A node given that key refuses to serve, in one line before any listener opens.
+    serve = run_cli("serve", "--port", "1", env=other, timeout=60)
+    assert serve.returncode != 0 and "Not serving" in serve.stderr, serve.stderr
+    assert "the audit_key setting" in serve.stderr and "Traceback" not in serve.stderr
+    empty = tmp_path / "not-a-data-dir"
+    for command in (("audit", "verify"), ("admin", "login-link", "--email", "a@example.com")):
+        missing = run_cli(*command, "--data-dir", str(empty), env={"RUNNERD_CONFIG": ""})
+        assert missing.returncode != 0 and "no runnerd store in" in missing.stderr, missing
+        assert not (empty / "runnerd.db").exists()

@@ -53,7 +53,7 @@ def test_the_example_from_deploy_to_run(daemon: Daemon) -> None:
         {"queue": "billing", "priority": "normal"},
     )
     row = daemon.store().get_run(body["runId"])
-    assert row is not None and row.surface == "cli"
+    assert row is not None and row.surface == "api"  # a personal key proves no more
 
 
 def test_refused_run_prints_the_reason_and_exits_1(daemon: Daemon) -> None:

@@ -44,6 +44,7 @@ from conftest import run_cli
 from daemon import Daemon, Runnerd, free_port, running_daemon, serving_again
 from pg_cluster import PgCluster
 from runnerd.config import Settings
+from test_app_pages import pages_app
 from test_governance import gov_app
 from test_mcp import HANDSHAKE
 from test_mcp import _client as mcp_client
@@ -92,11 +93,18 @@ def haproxy_bin() -> str:
     return found
 
 
-def haproxy_env(bind: str, stats: str, nodes: list[str]) -> dict[str, str]:
-    """deploy/haproxy.cfg's variables for these addresses."""
+def haproxy_env(
+    bind: str, stats: str, nodes: list[str], apps: tuple[str, list[str]] | None = None
+) -> dict[str, str]:
+    """deploy/haproxy.cfg's variables for these addresses (``apps``: the apps origin's
+    frontend and each node's apps listener)."""
     env = {"RUNNERD_LB_BIND": bind, "RUNNERD_LB_STATS": stats}
     for i, node in enumerate(nodes, start=1):
         env[f"RUNNERD_NODE{i}"] = node
+    if apps is not None:
+        env["RUNNERD_LB_APPS_BIND"] = apps[0]
+        for i, node in enumerate(apps[1], start=1):
+            env[f"RUNNERD_NODE{i}_APPS"] = node
     return env
 
 
@@ -119,15 +127,21 @@ def cluster(
     (keys / "session.key").write_bytes(os.urandom(32))
     wrap = shared_session_key(keys / "session.key")
     secrets_key = base64.b64encode(os.urandom(32)).decode()
+    port, stats_port, apps_port = free_port(), free_port(), free_port()
+    # Every node's pages are reached through the balancer's apps frontend (another host
+    # name than the Manage page's 127.0.0.1: no cookie of it reaches a page).
+    settings = {**SETTINGS, "apps_url": f"http://localhost:{apps_port}"}
     with (
         running_daemon(toolchain_dir, wrap=wrap, database_url=pg.new_database(),
-                       secrets_key=secrets_key, **SETTINGS) as a,
-        running_daemon(toolchain_dir, wrap=wrap, join=a, **SETTINGS) as b,
-        running_daemon(toolchain_dir, wrap=wrap, join=a, **SETTINGS) as c,
+                       secrets_key=secrets_key, **settings) as a,
+        running_daemon(toolchain_dir, wrap=wrap, join=a, **settings) as b,
+        running_daemon(toolchain_dir, wrap=wrap, join=a, **settings) as c,
     ):  # fmt: skip
-        port, stats_port = free_port(), free_port()
         env = haproxy_env(f"127.0.0.1:{port}", f"127.0.0.1:{stats_port}",
-                          [f"127.0.0.1:{n.port}" for n in (a, b, c)])  # fmt: skip
+                          [f"127.0.0.1:{n.port}" for n in (a, b, c)],
+                          (f"127.0.0.1:{apps_port}",
+                           [f"127.0.0.1:{n.env['RUNNERD_APPS_PORT']}" for n in (a, b, c)]),
+                          )  # fmt: skip
         log = open(keys / "haproxy.log", "wb")  # noqa: SIM115 - closed below
         proxy = subprocess.Popen([haproxy_bin(), "-db", "-f", str(HAPROXY_CFG)],
                                  env={**os.environ, **env}, stdout=log,
@@ -269,6 +283,15 @@ def test_an_idempotent_retry_through_the_balancer_is_the_same_run(cluster: Balan
     assert_books_balance(c)
 
 
+def test_the_nodes_own_route_is_not_reached_through_the_balancer(cluster: Balanced) -> None:
+    c = cluster
+    with c.lb.client() as client:
+        for path in ("/internal/results/run_x", "/internal/", "/%69nternal/results/run_x"):
+            refused = client.get(path, headers={"X-Runnerd-Node": "a.b.c.d.e"})
+            assert refused.status_code == 404, (path, refused.text)
+            assert "X-Runnerd-Node" not in refused.headers  # no node answered it
+
+
 def test_an_idempotent_retry_answered_by_another_node_has_the_output(
     cluster: Balanced,
 ) -> None:
@@ -280,6 +303,40 @@ def test_an_idempotent_retry_answered_by_another_node_has_the_output(
         "echo": "lb-order-2", "secret_len": 0, "leak": None,
     }  # fmt: skip
     assert list(retry.json()) == ["runId", "status", "output", "error", "durationMs"]
+
+
+def test_an_app_s_frame_and_bridge_calls_work_through_the_balancer(
+    cluster: Balanced, tmp_path: Path
+) -> None:
+    """An app with pages behind the balancer: the frame token one node made serves the
+    page from every node's apps listener (the balancer's apps frontend), and the bridge's
+    calls (the session and X-Runnerd-Frame) are recorded as surface `app` on every node."""
+    c = cluster
+    app = pages_app(tmp_path)
+    with c.lb.client() as browser:
+        signed = browser.post("/api/v2/session", json={"apiKey": c.lb.admin_key})
+        assert signed.status_code == 200, signed.text
+        csrf = {"X-CSRF-Token": str(signed.json()["csrfToken"])}
+        iid = c.lb.ship(app)["installId"]
+        opened = browser.post(f"/api/v2/apps/installs/{iid}/frame", headers=csrf)
+        assert opened.status_code == 201, opened.text
+        frame = opened.json()
+        assert frame["url"].startswith(frame["origin"] + "/f/")
+        pages = {c.served(httpx.get(frame["url"], timeout=10)) for _ in range(3)}
+        assert pages == set(c.nodes), pages  # one node's token, good on every node
+        ran: dict[str, str] = {}
+        for i in range(3):
+            done = browser.post(f"/api/v2/apps/installs/{iid}/tools/echo/run",
+                                json={"input": {"text": f"frame {i}"}},
+                                headers={**csrf, "X-Runnerd-Frame": frame["token"]})  # fmt: skip
+            assert done.status_code == 200, done.text
+            ran[done.json()["runId"]] = c.served(done)
+        assert set(ran.values()) == set(c.nodes), ran
+    with psycopg.connect(c.lb.env["RUNNERD_DATABASE_URL"]) as conn:
+        surfaces = {r[0] for r in conn.execute(
+            "SELECT surface FROM runs WHERE id = ANY(%s)", [list(ran)])}  # fmt: skip
+    assert surfaces == {"app"}, surfaces
+    assert_books_balance(c)
 
 
 def test_a_manage_page_session_cookie_works_on_every_node(cluster: Balanced) -> None:
@@ -300,7 +357,7 @@ def test_a_manage_page_session_cookie_works_on_every_node(cluster: Balanced) -> 
         changed = set()
         for i in range(3):  # a change needs the session and its token: on each node
             ran = browser.post(f"/api/v2/apps/installs/{iid}/tools/echo/run",
-                               json={"input": {"text": f"page {i}"}, "surface": "app"},
+                               json={"input": {"text": f"page {i}"}, "surface": "test"},
                                headers=csrf)  # fmt: skip
             assert ran.status_code == 200, (c.served(ran), ran.text)
             changed.add(c.served(ran))
@@ -400,7 +457,8 @@ def _until_state(c: Balanced, name: str, state: str, within_s: float) -> float:
 
 def test_a_stopping_node_is_taken_out_while_its_runs_finish(cluster: Balanced) -> None:
     """SIGTERM drains a node: its /readyz turns 503 at once (checks.admitting), so the
-    balancer takes it out while its runs finish; calls go to the others, none refused.
+    balancer takes it out while its runs finish; calls go to the others, none refused
+    (those it still sent the node before its checks failed: 503, retried elsewhere).
     Started again, it is back in the rotation within two checks."""
     c = cluster
     iid = c.install["installId"]
@@ -424,10 +482,17 @@ def test_a_stopping_node_is_taken_out_while_its_runs_finish(cluster: Balanced) -
         ready = stopping.http.get("/readyz")
     assert ready.status_code == 503, ready.text
     assert ready.json()["error"]["details"]["checks"]["admitting"] == "no: stopping"
-    out_after = _until_state(c, "node3", "DOWN", 5)
-    assert slow.is_alive(), "the run should still be in its jail"
+    # Before its checks take it out, the balancer still sends it calls: each is refused
+    # with 503 RUNNERD_STOPPING (no run started) and retried on another node.
+    assert c.states()["node3"] == "UP"
     for i in range(6):
         ran = c.lb.run(iid, "echo", {"text": f"draining {i}"})
+        assert ran.status_code == 200, ran.text
+        assert c.served(ran) != "node3"
+    out_after = _until_state(c, "node3", "DOWN", 5)
+    assert slow.is_alive(), "the run should still be in its jail"
+    for i in range(3):
+        ran = c.lb.run(iid, "echo", {"text": f"drained {i}"})
         assert ran.status_code == 200, ran.text
         assert c.served(ran) != "node3"
     slow.join(timeout=30)

@@ -297,3 +297,14 @@ def _agree(node: Daemon, iid: str, runs: int) -> None:
     done = run_cli("audit", "verify", "--json", env=node.client_env())
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["firstBroken"] is None, done.stdout
+
+
+def test_a_refused_login_says_so_not_that_the_database_did_not_answer(pg: PgCluster) -> None:
+    """A server that answered and refused the login (an unknown role, a database that is
+    not there) is told apart from one that did not answer, with what to check."""
+    url = pg.new_database()
+    name = url.split("@/", 1)[1].split("?", 1)[0]
+    for bad in (url.replace(f"/{name}?", "/no_such_db?"), url.replace("//postgres@", "//nobody@")):
+        with pytest.raises(ConnectionError, match="refused the login") as refused:
+            PostgresDatabase(bad)
+        assert "database_url" in str(refused.value) and "did not answer" not in str(refused.value)

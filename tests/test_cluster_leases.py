@@ -22,7 +22,7 @@ import httpx
 import psycopg
 import pytest
 
-from conftest import AppDir, run_cli, upload_version
+from conftest import AppDir, run_cli, upload_version, write_app
 from daemon import Daemon, running_daemon, running_nodes, wait_until
 from pg_cluster import PgCluster
 from runnerd.govern.results import RUN_INTERRUPTED
@@ -309,6 +309,36 @@ def test_a_frozen_node_s_runs_are_closed_then_corrected_by_it(
         "b's node row is live again",
     )
     assert b.run(iid, "echo", {"text": "after"}).json()["output"]["echo"] == "after"
+    books_agree(a, iid)
+
+
+def test_a_run_that_ended_while_its_node_was_frozen_is_not_timed_out_nor_billed_the_freeze(
+    nodes: tuple[Daemon, Daemon, str], tmp_path: Path
+) -> None:
+    """A tool of a 2 s timeout ends in 0.3 s while its node is stopped (SIGSTOP) for longer
+    than the lease and the timeout: resumed, the node finds the reply waiting in its pipe.
+    The run succeeded (its deadline's timer ran late: the daemon was stalled, not the
+    tool), its caller gets the output, and it is billed at most its timeout, never the
+    freeze; the row another node closed meanwhile is corrected to that."""
+    a, b, _ = nodes
+    tools = {"quick": "import time\ndef run(i):\n    time.sleep(0.3)\n    return {'done': True}\n"}
+    docs = {"quick": {"timeoutMs": 2000}}
+    iid = a.ship(write_app(tmp_path, "frozen-quick", tools, docs=docs))["installId"]
+    assert b.run(iid, "quick", {}).status_code == 200  # warm
+    thread, answers = in_background(lambda: b.run(iid, "quick", {}))
+    [run_id] = running_on(b, 1)
+    os.kill(b.proc.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: status_of(a, run_id)[0] != "running", 6 * LEASE_S, "a closes b's run")
+        time.sleep(max(0.0, 2.5 - LEASE_S))  # frozen past the tool's timeout too
+    finally:
+        os.kill(b.proc.pid, signal.SIGCONT)
+    thread.join(timeout=30)
+    body = answers[0].json()
+    assert (body["status"], body["output"]) == ("succeeded", {"done": True}), body
+    assert body["durationMs"] <= 2000 + 50, body  # the timeout, and the checks' moment
+    wait_until(lambda: status_of(a, run_id)[0] == "succeeded", 3 * LEASE_S, "b corrects it")
+    assert status_of(a, run_id) == ("succeeded", None, body["durationMs"])
     books_agree(a, iid)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -26,7 +27,7 @@ import pytest
 
 from daemon import Daemon, running_daemon, running_nodes, serving_again
 from pg_cluster import PgCluster
-from runnerd.govern.peers import PEER_HEADER, Peers
+from runnerd.govern.peers import PEER_ANSWER_HEADER, PEER_HEADER, Peers
 from runnerd.govern.results import ResultCache
 from runnerd.limits import PEER_TIMEOUT_S, PEER_TOKEN_WINDOW_S
 from runnerd.vault import Vault
@@ -64,7 +65,13 @@ def _read(node: Daemon, run_id: str) -> dict[str, Any]:
 def _peers(node: Daemon) -> Peers:
     """A node's way of signing requests for results (what another node of it sends)."""
     vault = Vault(base64.b64decode(node.env["RUNNERD_SECRETS_KEY"]))
-    return Peers(vault.derive("node results"), ResultCache(1 << 20, 60))
+    return Peers(vault.derive("node results"), ResultCache(1 << 20, 60), lambda: None)
+
+
+def _node_of(node: Daemon, run_id: str) -> str:
+    with psycopg.connect(node.env["RUNNERD_DATABASE_URL"]) as db:
+        [(node_id,)] = db.execute("SELECT node_id FROM runs WHERE id = %s", [run_id]).fetchall()
+    return str(node_id)
 
 
 def test_a_replay_and_a_read_on_the_other_node_answer_the_output(
@@ -94,23 +101,73 @@ def test_a_replay_and_a_read_on_the_other_node_answer_the_output(
 def test_the_node_route_answers_only_a_node_s_fresh_request_for_that_run(
     nodes: tuple[Daemon, Daemon, str],
 ) -> None:
+    """Only a request signed with the cluster's key, for that run, made for that node,
+    within the window, and never seen before; its answer is signed too."""
     a, b, iid = nodes
     ran = _run(a, iid, "held by a", "results-2").json()
     other = _run(a, iid, "another", "results-3").json()
-    peers = _peers(a)
+    peers, holder = _peers(a), _node_of(a, ran["runId"])
     path = f"/internal/results/{ran['runId']}"
-    good = a.http.get(path, headers={PEER_HEADER: peers.sign(ran["runId"])})
+    token = peers.sign(ran["runId"], holder)
+    good = a.http.get(path, headers={PEER_HEADER: token})
     assert good.status_code == 200 and good.json()["output"] == ran["output"]
     assert good.headers["Cache-Control"] == "no-store"
-    stale = peers.sign(ran["runId"], now=time.time() - PEER_TOKEN_WINDOW_S - 5)
-    forged = peers.sign(ran["runId"])[:-4] + "0000"
-    strangers = Peers(b"x" * 32, ResultCache(1 << 20, 60)).sign(ran["runId"])
-    for token in ("", peers.sign(other["runId"]), stale, forged, strangers, "a.b.c"):
-        refused = a.http.get(path, headers={PEER_HEADER: token} if token else {})
-        assert refused.status_code == 404, (token, refused.text)
+    assert good.headers[PEER_ANSWER_HEADER] == peers.answer_mac(token, good.content)
+    replayed = a.http.get(path, headers={PEER_HEADER: token})  # seen on the wire, sent again
+    assert replayed.status_code == 404 and replayed.content == b""
+    stale = peers.sign(ran["runId"], holder, now=time.time() - PEER_TOKEN_WINDOW_S - 5)
+    forged = peers.sign(ran["runId"], holder)[:-4] + "0000"
+    strangers = Peers(b"x" * 32, ResultCache(1 << 20, 60), lambda: None).sign(ran["runId"], holder)
+    for bad in ("", peers.sign(other["runId"], holder), stale, forged, strangers, "a.b.c"):
+        refused = a.http.get(path, headers={PEER_HEADER: bad} if bad else {})
+        assert refused.status_code == 404, (bad, refused.text)
         assert refused.content == b""  # nothing says whether the run exists
-    # B holds nothing of A's run: it answers 404 to a good request too.
-    assert b.http.get(path, headers={PEER_HEADER: peers.sign(ran["runId"])}).status_code == 404
+    # A good request made for another node: 421 (misdirected), nothing of the run.
+    misdirected = a.http.get(path, headers={PEER_HEADER: peers.sign(ran["runId"], "node_x")})
+    assert misdirected.status_code == 421 and misdirected.content == b""
+    # B holds nothing of A's run: it answers a good request made for it 404.
+    for_b = peers.sign(ran["runId"], _node_of(b, _run(b, iid, "b's", "results-2b").json()["runId"]))
+    assert b.http.get(path, headers={PEER_HEADER: for_b}).status_code == 404
+
+
+def test_an_answer_not_signed_with_the_cluster_s_key_is_not_believed(
+    nodes: tuple[Daemon, Daemon, str],
+) -> None:
+    """Whatever answers at a node's address without the key (a stale address now another
+    service's, a machine in the path) cannot hand a node a result: B says the node did
+    not answer, never the injected output."""
+    a, b, iid = nodes
+    first = _run(a, iid, "the real one", "results-forged").json()
+    fake = {"runId": first["runId"], "status": "succeeded", "output": {"echo": "INJECTED"},
+            "error": None, "durationMs": 2}  # fmt: skip
+    body = json.dumps(fake).encode()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                 b"x-runnerd-node-answer: " + b"0" * 64 + b"\r\n"
+                                 b"content-length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
+
+    threading.Thread(target=serve, daemon=True).start()
+    with psycopg.connect(a.env["RUNNERD_DATABASE_URL"], autocommit=True) as db:
+        node = _node_of(a, first["runId"])
+        [(url,)] = db.execute("SELECT url FROM nodes WHERE id = %s", [node]).fetchall()
+        db.execute("UPDATE nodes SET url = %s WHERE id = %s", [f"http://127.0.0.1:{port}", node])
+        try:
+            retry = _run(b, iid, "the real one", "results-forged").json()
+            read = _read(b, first["runId"])
+        finally:
+            db.execute("UPDATE nodes SET url = %s WHERE id = %s", [url, node])
+            listener.close()
+    for answer in (retry, read):
+        assert answer["output"] is None and answer["outputAvailable"] is False, answer
+        assert answer["outputMissing"] == "OUTPUT_NODE_UNREACHABLE"
 
 
 def test_a_node_that_does_not_answer_makes_the_replay_say_so(

@@ -188,7 +188,7 @@ def test_ledger_has_one_row_per_run_with_its_payer(gov: tuple[Daemon, dict[str, 
     workflow = d.call(
         "POST",
         "/api/v2/apps/tools/gov/slow/run",
-        d.admin_key,
+        d.bound_token(d.admin_key, "workflow"),  # a workflow's token proves the surface
         params={"workspaceId": d.workspace_id},
         json={"input": {"ms": 1}, "surface": "workflow", "workflowRunId": "wfr_ledger"},
     ).json()
@@ -349,10 +349,12 @@ def test_write_tool_from_chat_waits_for_the_person_who_asked(
     assert detail["run"]["status"] == "succeeded" and detail["output"] == {"sent": "bob"}
     assert detail["run"]["approvalId"] == body["approvalId"]
     assert detail["run"]["surface"] == "chat"
-    # app, api, cli and workflow surfaces run write tools directly.
-    for surface in ("app", "api", "cli", "workflow"):
+    # api and workflow calls (a workflow's token: the body alone proves no surface) run
+    # write tools directly, as app and test calls do: only chat and relay calls wait.
+    for surface in ("api", "workflow"):
         direct = d.run(iid, "send", {"to": surface}, surface=surface)
         assert direct.status_code == 200 and direct.json()["output"] == {"sent": surface}
+        assert d.ended_run(direct.json()["runId"])["run"]["surface"] == surface
 
 
 def test_relay_write_needs_an_approver_and_denials_are_audited(
@@ -442,7 +444,8 @@ def test_an_idempotency_key_finds_the_call_it_held_for_approval(
 
     def send(key: str, to: str) -> Any:
         return d.call(
-            "POST", f"/api/v2/apps/installs/{iid}/tools/send/run", d.admin_key,
+            "POST", f"/api/v2/apps/installs/{iid}/tools/send/run",
+            d.bound_token(d.admin_key, "relay"),  # a relay's token proves the surface
             json={"input": {"to": to}, "surface": "relay"}, headers={"Idempotency-Key": key},
         )  # fmt: skip
 
@@ -597,7 +600,9 @@ def test_governance_from_the_cli(gov: tuple[Daemon, dict[str, Any]]) -> None:
     shown = json.loads(cli("app", "budget", "show", "--app", "gov", "--json").stdout)
     assert shown["monthlyMs"] == 900000
     cli("app", "budget", "set", "--app", "gov", "--unlimited")
-    waiting = cli("tools", "run", "gov/send", "--input", '{"to": "cli"}', "--surface", "chat")
+    # A chat client's token: the CLI's own personal key proves no chat.
+    chat = {**env, "RUNNERD_API_KEY": d.bound_token(d.admin_key, "chat")}
+    waiting = run_cli("tools", "run", "gov/send", "--input", '{"to": "cli"}', env=chat)
     assert waiting.returncode == 0 and waiting.stdout.startswith("waiting for approval apr_")
     approval_id = waiting.stdout.split()[3]
     listed = cli("approvals", "list", "--status", "pending")

@@ -315,7 +315,7 @@ def test_the_manage_pages_test_run_is_refused_and_audited_as_over_the_api(
     daemon: Daemon, installs: dict[str, str], keys: dict[str, str], refusal: str
 ) -> None:
     """The page's test-run form posts to the run route with its session (cookie and CSRF
-    token) and surface app, as views.js does: the same governor, the same entry."""
+    token) and surface test, as views.js does: the same governor, the same entry."""
     reason, role, slug, value = REFUSALS[refusal]
     before = _last_seq(daemon)
     envelope(
@@ -332,7 +332,7 @@ def test_the_manage_pages_test_run_is_refused_and_audited_as_over_the_api(
         before = _last_seq(daemon)
         answer = page.post(
             f"/api/v2/apps/installs/{installs[slug]}/tools/quote/run",
-            json={"input": value, "surface": "app"},
+            json={"input": value, "surface": "test"},
             headers=csrf,
         )
     envelope(answer, 400 if reason == "INVALID_INPUT" else 403, reason)
@@ -341,4 +341,4 @@ def test_the_manage_pages_test_run_is_refused_and_audited_as_over_the_api(
     same = [f for f in ENTRY_FIELDS if f != "actorKeyId"]
     assert {f: over_api.get(f) for f in same} == {f: over_page.get(f) for f in same}
     assert over_page["actorKeyId"].startswith("ses_")
-    assert over_page["surface"] == "app"
+    assert over_page["surface"] == "test"

@@ -50,6 +50,7 @@ def _serves_the_example(runnerd: list[str], base: Path, env: dict[str, str]) -> 
              env=env, cwd=base).stdout
     )  # fmt: skip
     port = free_port()
+    env = {**env, "RUNNERD_APPS_PORT": str(free_port())}  # not port + 1 by chance
     log = open(base / "serve.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([*runnerd, "serve", "--port", str(port)], env=env, cwd=base,
                             stdout=log, stderr=subprocess.STDOUT)  # fmt: skip

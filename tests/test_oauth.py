@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from conftest import write_app
-from daemon import Runnerd
+from daemon import Runnerd, envelope
 from runnerd.store import DB_FILENAME, hash_key
 from test_governance import audit
 
@@ -594,17 +594,21 @@ def test_a_token_without_tools_run_is_told_to_ask_for_it(app_daemon: Runnerd) ->
 
 def test_an_oauth_token_s_calls_are_chat_calls(app_daemon: Runnerd, tmp_path: Path) -> None:
     """The person consented to a chat client whose write tools wait for them: its token
-    calling the API with another surface is still held, as a chat call."""
+    calling the API is held, as a chat call; naming api (no claim) is too, and naming
+    another surface is refused (SURFACE_NOT_PROVEN): never run at once."""
     app = write_app(tmp_path / "pay", "oauth-pay", {"send": "def run(i):\n    return {}\n"},
                     docs={"send": {"effect": "write"}})  # fmt: skip
     install = app_daemon.ship(app)["installId"]
     _, tokens = grant(app_daemon, app_daemon.admin_key)
-    for surface in ("api", "app", "workflow"):
+    for surface in ("api", "chat", "app", "workflow", "test"):
         held = app_daemon.fresh(
             "POST", f"/api/v2/apps/installs/{install}/tools/send/run",
             json={"input": {}, "surface": surface},
             headers={"Authorization": f"Bearer {tokens['access_token']}"},
         )  # fmt: skip
+        if surface not in ("api", "chat"):
+            envelope(held, 403, "SURFACE_NOT_PROVEN")
+            continue
         assert held.status_code == 202, held.text
         approval = held.json()["approvalId"]
         found = app_daemon.call("GET", f"/api/v2/approvals/{approval}", app_daemon.admin_key)

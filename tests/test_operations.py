@@ -96,7 +96,8 @@ def _serve(data_dir: Path, toolchain_dir: Path) -> tuple[subprocess.Popen[bytes]
     port = free_port()
     env = {**os.environ, "RUNNERD_DATA_DIR": str(data_dir),
            "RUNNERD_TOOLCHAIN_DIR": str(toolchain_dir),
-           "RUNNERD_SANDBOX_UID_BASE": "640000", "RUNNERD_SANDBOX_UID_COUNT": "64"}  # fmt: skip
+           "RUNNERD_SANDBOX_UID_BASE": "640000", "RUNNERD_SANDBOX_UID_COUNT": "64",
+           "RUNNERD_APPS_PORT": str(free_port())}  # fmt: skip
     proc = subprocess.Popen([RUNNERD, "serve", "--port", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"

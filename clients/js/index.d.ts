@@ -5,6 +5,10 @@
 //   import type { RunnerdTools } from './runnerd-tools';
 //   const client = getAppClient<RunnerdTools>({ url, apiKey, workspaceId, app: 'deal-desk' });
 //   const run = await client.runTool('score_offer', offer); // offer: ScoreOfferInput
+//
+// In the app's own pages (its frame, opened by the Manage page), no arguments:
+//
+//   const run = await getAppClient<RunnerdTools>().runTool('score_offer', offer);
 
 /** The tools of a workspace, by name or reference: their input and output types. */
 export type ToolMap = Record<string, { input: unknown; output: unknown }>;
@@ -68,11 +72,48 @@ export interface AppClientOptions {
   fetch?: typeof fetch;
 }
 
+export interface FrameRunOptions {
+  /** how long to wait for the page's answer; default: the tool's timeoutMs (known once
+   * listTools ran, else the longest, 300,000), plus 30,000 ms for the sandbox's start */
+  timeoutMs?: number;
+  /** stops waiting (rejects with its reason); a run that started goes on */
+  signal?: AbortSignal;
+}
+
+/** A run that started, in a frame: a call held for approval rejects (PENDING_APPROVAL). */
+export interface FrameRunResult<Output = unknown> {
+  runId: string;
+  status: 'succeeded' | 'failed' | 'timed_out';
+  output: Output | null;
+  error: string | null;
+  durationMs: number | null;
+}
+
+/** The client of an app's frame: the Manage page that opened it runs the calls, with the
+ * signed-in person's session, for this app's install only (surface app). */
+export interface FrameClient<Tools extends ToolMap = ToolMap> {
+  /** name: the app's own tool, or its reference app/tool; another app's is refused
+   * (OTHER_APP_REFUSED) */
+  runTool<Name extends keyof Tools & string>(
+    name: Name,
+    input: Tools[Name]['input'],
+    options?: FrameRunOptions,
+  ): Promise<FrameRunResult<Tools[Name]['output']>>;
+  /** the tools of this app's install, with their schemas */
+  listTools(options?: { signal?: AbortSignal }): Promise<ToolInfo[]>;
+}
+
 export declare class AppBridgeError extends Error {
   readonly name: 'AppBridgeError';
-  /** the envelope's code: BAD_REQUEST, UNAUTHORIZED, FORBIDDEN, NOT_FOUND, RATE_LIMITED,
-   * INTERNAL_ERROR, SERVICE_UNAVAILABLE; UNAVAILABLE when the daemon cannot be reached;
-   * REDIRECT_REFUSED for a redirect the SDK does not follow (nothing was sent to its target) */
+  /** From a server client, the envelope's code: BAD_REQUEST, UNAUTHORIZED, FORBIDDEN,
+   * NOT_FOUND, RATE_LIMITED, INTERNAL_ERROR, SERVICE_UNAVAILABLE; UNAVAILABLE when the
+   * daemon cannot be reached; REDIRECT_REFUSED for a redirect the SDK does not follow
+   * (nothing was sent to its target).
+   * In a frame, the precise code (the same as `reason`): the API's details.code
+   * (INVALID_INPUT, budget_exhausted, TOOL_NOT_FOUND, INSUFFICIENT_WORKSPACE_ROLE, ...), or
+   * PENDING_APPROVAL (details.approvalId, details.expiresAt), OTHER_APP_REFUSED,
+   * BAD_MESSAGE, TOO_MANY_CALLS, UNAVAILABLE (the page could not reach the daemon),
+   * BRIDGE_TIMEOUT (no answer in time), NO_BRIDGE (not inside an app's frame). */
   readonly code: string;
   /** details.code, the precise reason: INVALID_INPUT, INPUT_TOO_LARGE, budget_exhausted,
    * INSUFFICIENT_WORKSPACE_ROLE, WORKSPACE_KEY_NOT_ALLOWED, TOOL_NOT_FOUND...; for
@@ -85,6 +126,9 @@ export declare class AppBridgeError extends Error {
   readonly retryAfter: number | null;
 }
 
+/** Inside an app's frame: no arguments. */
+export declare function getAppClient<Tools extends ToolMap = ToolMap>(): FrameClient<Tools>;
+/** From a server (or any program holding a person's key): the daemon's URL and the key. */
 export declare function getAppClient<Tools extends ToolMap = ToolMap>(
   options: AppClientOptions,
 ): AppClient<Tools>;

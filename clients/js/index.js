@@ -4,6 +4,9 @@
 //   const client = getAppClient({ url, apiKey, workspaceId, app: 'deal-desk' });
 //   const run = await client.runTool('score_offer', offer);
 //
+// Inside an app's frame (its pages, opened by the Manage page), getAppClient() with no
+// arguments asks the page over postMessage instead: frame.js, which this file imports.
+//
 // A run that started resolves, whatever its status (succeeded, failed, timed_out); every
 // refusal before the tool starts rejects with an AppBridgeError.
 //
@@ -12,22 +15,14 @@
 // port, as the URL parser fetch uses reads them), at most MAX_REDIRECTS hops. Any other
 // rejects with code REDIRECT_REFUSED before anything is sent to its target.
 
+import { AppBridgeError, getAppClient as frameClient } from './frame.js';
+
+export { AppBridgeError };
+
 const RETRYABLE = new Set([429, 503]);
 const MAX_RETRY_WAIT_MS = 30000;
 const MAX_REDIRECTS = 5; // same-origin hops one request follows (a proxy's path rewrite, not a loop)
 const REDIRECTS = new Set([301, 302, 303, 307, 308]); // the statuses fetch treats as redirects
-
-export class AppBridgeError extends Error {
-  constructor({ code, reason, status, message, details = {}, retryAfter = null }) {
-    super(message);
-    this.name = 'AppBridgeError';
-    this.code = code; // the envelope's code: BAD_REQUEST, FORBIDDEN, RATE_LIMITED...
-    this.reason = reason; // details.code: INVALID_INPUT, budget_exhausted...
-    this.status = status; // the HTTP status (0: the daemon could not be reached)
-    this.details = details;
-    this.retryAfter = retryAfter; // seconds, for 429 and 503
-  }
-}
 
 function retryAfterOf(response) {
   const value = response.headers.get('retry-after');
@@ -141,7 +136,11 @@ function newKey() {
   return globalThis.crypto.randomUUID();
 }
 
-export function getAppClient({ url, apiKey, workspaceId, app = null, retries = 0, fetch: fetchImpl } = {}) {
+export function getAppClient(options) {
+  return options === undefined ? frameClient() : serverClient(options || {});
+}
+
+function serverClient({ url, apiKey, workspaceId, app = null, retries = 0, fetch: fetchImpl }) {
   if (!url || !apiKey || !workspaceId) {
     throw new TypeError('getAppClient needs url, apiKey and workspaceId');
   }
@@ -177,7 +176,7 @@ export function getAppClient({ url, apiKey, workspaceId, app = null, retries = 0
     if (key) headers['Idempotency-Key'] = key;
     const path = `/api/v2/apps/tools/${encodeURIComponent(appSlug)}/${encodeURIComponent(tool)}/run`
       + `?workspaceId=${encodeURIComponent(workspaceId)}`;
-    const body = JSON.stringify({ input, surface: 'app' });
+    const body = JSON.stringify({ input }); // the server records the surface the key proves
     for (let attempt = 0; ; attempt += 1) {
       const response = await send(path, { method: 'POST', headers, body }, signal);
       if (response.status === 200) {

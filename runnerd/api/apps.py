@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+from typing import Annotated
 
 import msgspec
 from starlette.requests import Request
@@ -46,7 +47,7 @@ from runnerd.model import Bundle
 from runnerd.store import InstallRecord, Store, VersionRecord
 from runnerd.upload.deploy import check_upload
 
-__all__ = ["OPS"]
+__all__ = ["OPS", "store_version"]
 
 
 def _version_info(store: Store, v: VersionRecord) -> VersionInfo:
@@ -60,6 +61,8 @@ def _version_info(store: Store, v: VersionRecord) -> VersionInfo:
         tools=list(v.tool_names),
         published_at=store.published_at(v.id),
         egress=list(v.egress),
+        commit=v.commit,
+        ref=v.ref,
     )
 
 
@@ -76,6 +79,8 @@ class _UnreadFiles(msgspec.Struct, forbid_unknown_fields=True):
     the loop never waits more than one file's worth."""
 
     files: dict[str, msgspec.Raw]
+    commit: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{40}([0-9a-f]{24})?$")] | None = None
+    ref: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
 
 
 def _file_bytes(path: str, raw: msgspec.Raw) -> bytes:
@@ -96,6 +101,34 @@ def _file_bytes(path: str, raw: msgspec.Raw) -> bytes:
         raise InvalidBody(f"every file must be base64; files[{path!r}] is not") from None
 
 
+async def store_version(
+    state: AppState,
+    bundle: Bundle,
+    *,
+    workspace_id: str,
+    user_id: str | None,
+    key_id: str | None,
+    git: tuple[str, str | None] | None = None,
+) -> tuple[VersionInfo, list[Problem]]:
+    """Store a checked bundle as a new version (a deploy's, a Git push's): its answer's
+    version and warnings."""
+
+    def store() -> VersionRecord:
+        # Tens of MB of code in one transaction: in a thread, on a connection of its own
+        # (a connection is not shared between threads; WAL lets both see the commit).
+        own = Store.open(state.settings)
+        try:
+            return governed.add_version(
+                own, bundle, workspace_id=workspace_id, user_id=user_id, key_id=key_id, git=git
+            )
+        finally:
+            own.close()
+
+    version = await asyncio.to_thread(store)
+    warnings = [Problem(file=w.file, message=w.message, line=w.line) for w in bundle.warnings]
+    return await state.store.io(_version_info, state.store, version), warnings
+
+
 async def deploy(request: Request, state: AppState) -> Response:
     workspace_id = query_param(request, WORKSPACE)
     assert workspace_id is not None
@@ -113,22 +146,14 @@ async def deploy(request: Request, state: AppState) -> Response:
 
     # Decoding, compiling, checking and building package envs: off the event loop.
     bundle = await asyncio.to_thread(check)
-
-    def store() -> VersionRecord:
-        # Tens of MB of code in one transaction: in a thread, on a connection of its own
-        # (a connection is not shared between threads; WAL lets both see the commit).
-        own = Store.open(state.settings)
-        try:
-            return governed.add_version(
-                own, bundle, workspace_id=workspace_id, user_id=caller.user_id, key_id=caller.key.id
-            )
-        finally:
-            own.close()
-
-    version = await asyncio.to_thread(store)
-    warnings = [Problem(file=w.file, message=w.message, line=w.line) for w in bundle.warnings]
-    info = await state.store.io(_version_info, state.store, version)
-    return json_response(DeployResult(version=info, warnings=warnings), status=201)
+    git = (body.commit, body.ref) if body.commit is not None else None
+    info, warnings = await store_version(
+        state, bundle, workspace_id=workspace_id, user_id=caller.user_id, key_id=caller.key.id,
+        git=git,
+    )  # fmt: skip
+    return json_response(
+        DeployResult(version=info, warnings=warnings, pages=len(bundle.pages)), status=201
+    )
 
 
 async def list_apps(request: Request, state: AppState) -> Response:
@@ -258,7 +283,8 @@ OPS = [
         body=DeployBody,
         params=(WORKSPACE,),
         errors=(400, 401, 403, 409, 429, 500),
-        description="Uploads the manifest and the files its tools globs name. Every check "
+        description="Uploads the manifest, the files its tools globs name and the files "
+        "of its pages folder (the answer's pages counts them). Every check "
         "runs first; any problem refuses the whole upload (400, details.problems "
         "lists every one with file and line) and stores nothing.",
     ),

@@ -29,6 +29,12 @@ __all__ = [
     "DeployBody",
     "DeployResult",
     "ErrorEnvelope",
+    "FrameInfo",
+    "GitDeployBody",
+    "GitDeployInfo",
+    "GitDeployList",
+    "GitPushEvent",
+    "GitPushResult",
     "Health",
     "InstallBody",
     "InstallInfo",
@@ -124,10 +130,17 @@ class RunResponseWithoutOutput(RunResponse):
     output_missing: str
 
 
+_Commit = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{40}([0-9a-f]{24})?$")]
+_Ref = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+
 class DeployBody(_Wire):
-    """An app bundle: every file the manifest's globs name, path -> base64 content."""
+    """An app bundle: every file the manifest's globs name, path -> base64 content; a Git
+    deploy (``runnerd app deploy --git``) also names the commit it read and its ref."""
 
     files: dict[str, str]
+    commit: _Commit | None = None
+    ref: _Ref | None = None
 
 
 class Problem(_Wire, omit_defaults=True):
@@ -146,11 +159,23 @@ class VersionInfo(_Wire):
     tools: list[str]
     published_at: str | None = None
     egress: list[str] = []  # the destinations this version asks to reach
+    commit: str | None = None  # a Git deploy's commit (null for a folder's)
+    ref: str | None = None  # its full ref name (null for a commit named by its id)
 
 
 class DeployResult(_Wire):
     version: VersionInfo
     warnings: list[Problem]
+    pages: int = 0  # the version's page files (the manifest's pages folder)
+
+
+class FrameInfo(_Wire):
+    """Where the Manage page opens an install's pages (api/frames.py)."""
+
+    url: str  # <apps_url>/f/<token>/<entry>
+    origin: str  # the apps origin: the frame's messages come from it
+    token: str  # the frame token: the X-Runnerd-Frame header of the frame's calls
+    expires_at: str
 
 
 class AppInfo(_Wire):
@@ -352,6 +377,53 @@ class WebhookDeleted(_Wire):
     deleted: bool
 
 
+class GitDeployBody(_Wire):
+    """An app's Git deploy: the repository its push webhook fetches (http(s):// or
+    git://), the refs it deploys (``refs/heads/main``; ``*`` within a segment; a name
+    without ``refs/`` is a branch) and the app's folder in it; ``newSecret`` makes a new
+    signing secret (a new Git deploy always gets one)."""
+
+    repository: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
+    ref: _Ref = "refs/heads/main"
+    path: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    new_secret: bool = False
+
+
+class GitDeployInfo(_Wire):
+    app_slug: str
+    repository: str
+    ref: str
+    path: str
+    webhook_url: str  # where the Git server posts its push events
+    created_at: str
+    updated_at: str
+    # The signing secret, in the answer that made it only; never again.
+    secret: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class GitDeployList(_Wire):
+    data: list[GitDeployInfo]
+
+
+class GitPushEvent(msgspec.Struct):
+    """A Git server's push event (GitHub, Gitea, Forgejo alike): the ref pushed and the
+    commit it now names; every other field (``repository.clone_url`` among them) is
+    accepted and not used: the repository fetched is the configured one."""
+
+    ref: str
+    after: str
+
+
+class GitPushResult(_Wire, omit_defaults=True):
+    """What a push webhook did: ``deployed`` and the version, or why it deployed nothing
+    (``ignored``: a ref the Git deploy does not follow, a branch deleted, a ping)."""
+
+    deployed: bool
+    version: VersionInfo | None = None
+    warnings: list[Problem] = []
+    ignored: str | None = None
+
+
 class EgressUse(_Wire, omit_defaults=True):
     """One destination a run reached (or was refused) through the egress proxy: counts
     only, never a payload, a path or a header."""
@@ -472,6 +544,7 @@ class KeyInfo(_Wire):
     user_id: str | None = None
     email: str | None = None
     scopes: list[str] = []
+    surface: str | None = None  # a token's bound surface (relay, workflow, chat)
 
 
 class KeyList(_Wire):
@@ -483,6 +556,9 @@ class NewKeyBody(_Wire):
     name: Annotated[str, msgspec.Meta(max_length=128)] = ""
     email: Annotated[str, msgspec.Meta(min_length=3, max_length=MAX_EMAIL_CHARS)] | None = None
     scopes: list[Literal["api:read", "tools:run", "apps:write"]] = []
+    # A token only: the surface its runs are recorded as (a relay's, a workflow's, a chat
+    # client's), whatever a run's body says (docs/GOVERNANCE.md).
+    surface: Literal["relay", "workflow", "chat"] | None = None
 
 
 class NewKey(_Wire):

@@ -24,7 +24,13 @@ from runnerd.api.ops import Op, Param, json_response
 from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
 from runnerd.errors import KeyNotFound, MemberNotFound
-from runnerd.govern.people import add_member, key_holder, may_hold_keys_of, token_scopes
+from runnerd.govern.people import (
+    add_member,
+    key_holder,
+    key_surface,
+    may_hold_keys_of,
+    token_scopes,
+)
 from runnerd.limits import MAX_ID_CHARS, MAX_SMALL_BODY_BYTES
 
 __all__ = ["OPS"]
@@ -93,6 +99,7 @@ def _key_info(row: dict[str, object]) -> KeyInfo:
         user_id=row["user_id"],  # type: ignore[arg-type]
         email=row.get("email"),  # type: ignore[arg-type]
         scopes=list(msgspec.json.decode(scopes) if isinstance(scopes, str) else scopes or []),  # type: ignore[arg-type]
+        surface=row.get("surface"),  # type: ignore[arg-type]
     )
 
 
@@ -113,6 +120,7 @@ async def create_key(request: Request, state: AppState) -> Response:
         user_id = await store.io(key_holder, store, workspace_id, email)
         await store.io(may_hold_keys_of, store, caller.need_person(), user_id)
     scopes = token_scopes(body.scopes) if body.kind == "token" else ()
+    surface = key_surface(body.kind, body.surface)
     record, plaintext = await store.io(
         store.create_key,
         kind=body.kind,
@@ -120,6 +128,7 @@ async def create_key(request: Request, state: AppState) -> Response:
         workspace_id=workspace_id if body.kind == "workspace" else None,
         scopes=scopes,
         name=body.name,
+        surface=surface,
         audit_workspace_id=workspace_id,
         actor_user_id=caller.user_id,
         actor_key_id=caller.key.id,
@@ -217,6 +226,9 @@ OPS = [
         status=201,
         body=NewKeyBody,
         params=(_WORKSPACE_PATH,),
+        description="A token may be bound to a surface (surface: relay, workflow or chat): "
+        "its runs are recorded as that surface whatever a run's body says, and a relay's "
+        "or chat's write calls wait for approval (docs/GOVERNANCE.md).",
     ),
     Op(
         "DELETE",

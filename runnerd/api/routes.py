@@ -13,6 +13,9 @@ from starlette.responses import Response
 from runnerd.api import approvals as approvals_ops
 from runnerd.api import apps as apps_ops
 from runnerd.api import budgets as budgets_ops
+from runnerd.api import dev_pages as dev_pages_ops
+from runnerd.api import frames as frames_ops
+from runnerd.api import git_webhook as git_ops
 from runnerd.api import health as health_ops
 from runnerd.api import ledger as ledger_ops
 from runnerd.api import oauth as oauth_ops
@@ -35,11 +38,14 @@ async def openapi(request: Request, state: AppState) -> Response:
 OPS: list[Op] = [
     *tools_ops.OPS,
     *apps_ops.OPS,
+    *frames_ops.OPS,
+    *dev_pages_ops.OPS,
     *secrets_ops.OPS,
     *budgets_ops.OPS,
     *runs_ops.OPS,
     *ledger_ops.OPS,
     *approvals_ops.OPS,
+    *git_ops.OPS,
     *signin_ops.OPS,
     *oauth_ops.OPS,
     *people_ops.OPS,

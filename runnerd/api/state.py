@@ -25,3 +25,6 @@ class AppState:
     # Signs MCP's held-approval request state: derived from the secrets key, so a client's
     # retry verifies on every node of a cluster.
     call_signer: CookieSigner
+    # Signs frame tokens (api/frames.py): derived from the secrets key, so a frame any
+    # node opened is served, and its bridge calls proven, by every node.
+    frame_key: bytes

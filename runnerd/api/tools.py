@@ -22,12 +22,14 @@ from runnerd.api.bodies import (
 from runnerd.api.ops import INSTALL_ID, WORKSPACE, Op, Param, json_response, query_param
 from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
+from runnerd.api.surfaces import proven_surface
 from runnerd.errors import (
     InstallNotFound,
     InsufficientRole,
     InsufficientScope,
     RateLimited,
     RunnerdError,
+    SurfaceNotProven,
     WorkspaceKeyNotAllowed,
 )
 from runnerd.govern.admission import may_run
@@ -73,15 +75,23 @@ async def _run(
     body: RunBody,
 ) -> Response:
     """Run ``tool_name`` of ``install`` for ``caller``: the common part of both routes.
-    The governor decides (and audits) every refusal; this translates its answer. A call
-    with an OAuth token is a chat call whatever surface it names: the person consented to
-    a chat client whose write tools wait for their approval."""
+    The governor decides (and audits) every refusal; this translates its answer. The
+    surface is the one the credential proves (api/surfaces.py: an OAuth token's calls are
+    chat, a relay's token's relay, the app bridge's app); a body naming another is
+    refused, and audited as a refusal of the call."""
+    try:
+        surface = proven_surface(request, caller, install, body.surface)
+    except SurfaceNotProven as exc:
+        await state.governor.refused_caller(
+            exc, install, tool_name, user_id=caller.user_id, key_id=caller.key.id
+        )
+        raise
     outcome = await state.governor.call(
         install,
         tool_name,
         body.input,
         who=caller.principal(),
-        surface="chat" if caller.key.is_oauth else body.surface,
+        surface=surface,
         workflow_run_id=body.workflow_run_id,
         idempotency_key=request.headers.get("idempotency-key"),
     )

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from runnerd.cli.output import store_from_args
+from runnerd.cli.output import settings_from_args, store_from_args
 from runnerd.errors import InvalidQuery
 
 __all__ = ["register_audit"]
@@ -23,13 +23,19 @@ def cmd_ledger_export(args: argparse.Namespace) -> int:
     except InvalidQuery as exc:
         print(f"runnerd: {exc}", file=sys.stderr)
         return 2
-    store = store_from_args(args)
+    store = store_from_args(args, writes=False)
     rows = store.ledger(month=month, workspace_id=args.workspace, install_id=args.install)
     if args.format == "json":
         sys.stdout.write(json.dumps(rows) + "\n")
     else:
         sys.stdout.write(ledger_csv(rows, header="columns", line_end="\n"))
     return 0
+
+
+def store_key_source(args: argparse.Namespace) -> str:
+    """Where this command's audit key comes from, for a message."""
+    settings = settings_from_args(args)
+    return "of the audit_key setting" if settings.audit_key else str(settings.audit_key_path)
 
 
 def cmd_audit_verify(args: argparse.Namespace) -> int:
@@ -41,7 +47,8 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
                   file=sys.stderr)  # fmt: skip
             return 2
         checkpoint = (int(seq), digest.lower())
-    store = store_from_args(args)
+    store = store_from_args(args, writes=False)
+    key = store_key_source(args)
     try:
         found = store.audit_verdict(checkpoint)
         if found.first_break is None:
@@ -71,7 +78,7 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
             )
     else:
         print(f"audit trail BROKEN at entry {found.first_break} (of {found.entries} read): "
-              f"{found.problem}")  # fmt: skip
+              f"{found.problem} (checked under the audit key {key})")  # fmt: skip
     return 0 if found.first_break is None else 1
 
 

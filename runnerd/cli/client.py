@@ -17,9 +17,10 @@ from ruamel.yaml.error import YAMLError
 
 from runnerd.cli.http import ApiClient
 from runnerd.cli.output import egress_lines, line_printer, output, printable, read_input
-from runnerd.errors import ApiFailure, BundleRejected, InputRejected
+from runnerd.errors import ApiFailure, BundleRejected, GitSourceInvalid, InputRejected
 from runnerd.limits import MANIFEST_NAME
 from runnerd.model import Surface
+from runnerd.upload.git import read_git_app
 from runnerd.upload.walk import read_app_dir, read_manifest
 from runnerd.upload.yamlfile import load_yaml
 
@@ -97,19 +98,50 @@ def _client_command(
     return run
 
 
-def cmd_deploy(args: argparse.Namespace, client: ApiClient) -> int:
-    root = Path(args.dir)
+def _read_git(args: argparse.Namespace) -> tuple[dict[str, Any], str] | int:
+    """The deploy body of ``--git`` (the files of the commit, its commit and ref) and where
+    the problems' files are, or the exit code after saying why not."""
+    if args.dir is not None:
+        print("runnerd: pass DIR or --git, not both (--path names the folder)", file=sys.stderr)
+        return 2
     try:
-        files = read_app_dir(root)
+        got = read_git_app(args.git, ref=args.ref, path=args.path)
+    except GitSourceInvalid as exc:
+        flag = {"repository": "--git", "ref": "--ref", "path": "--path"}[exc.field]
+        print(printable(f"runnerd: {flag}: {exc}"), file=sys.stderr)
+        return 2
+    body: dict[str, Any] = {
+        "files": {p: base64.b64encode(d).decode() for p, d in got.files.items()},
+        "commit": got.commit,
+    }
+    if got.ref:
+        body["ref"] = got.ref
+    return body, f"{got.commit[:12]}:{(args.path or '').strip('/') or '.'}"
+
+
+def cmd_deploy(args: argparse.Namespace, client: ApiClient) -> int:
+    if args.git is None and (args.ref is not None or args.path is not None):
+        print("runnerd: --ref and --path go with --git", file=sys.stderr)
+        return 2
+    root = Path(args.dir or ".")
+    try:
+        if args.git is not None:
+            read = _read_git(args)
+            if isinstance(read, int):
+                return read
+            body, shown = read
+            root = Path(shown)
+        else:
+            files = read_app_dir(root)
+            if MANIFEST_NAME not in files:
+                print(f"runnerd: no {MANIFEST_NAME} in {root}", file=sys.stderr)
+                return 2
+            body = {"files": {p: base64.b64encode(d).decode() for p, d in files.items()}}
     except BundleRejected as exc:
         lines = [f"runnerd: {exc}"]
         lines += [f"{root / p.file}: {p.message}" for p in exc.problems]
         print(printable("\n".join(lines)), file=sys.stderr)
         return 1
-    if MANIFEST_NAME not in files:
-        print(f"runnerd: no {MANIFEST_NAME} in {root}", file=sys.stderr)
-        return 2
-    body = {"files": {p: base64.b64encode(d).decode() for p, d in files.items()}}
     result = client.call(
         "POST", "/api/v2/apps/deploy", query={"workspaceId": _workspace_arg(args)}, body=body
     )
@@ -122,8 +154,46 @@ def cmd_deploy(args: argparse.Namespace, client: ApiClient) -> int:
             f"deployed {v['appSlug']} version {v['version']} ({v['versionId']}): "
             f"{len(v['tools'])} tools: {', '.join(v['tools'])}"
         )
+        if v.get("commit"):
+            print(f"from commit {v['commit']}" + (f" ({v['ref']})" if v.get("ref") else ""))
 
     return output(args, result, human)
+
+
+def _print_git(g: dict[str, Any]) -> None:
+    path = f" folder {g['path']}" if g["path"] else ""
+    print(f"{g['appSlug']}: {g['repository']} {g['ref']}{path}")
+    print(f"  webhook: POST {g['webhookUrl']}")
+
+
+def cmd_git_set(args: argparse.Namespace, client: ApiClient) -> int:
+    ws = _workspace_arg(args)
+    body = {"repository": args.repository, "ref": args.ref, "path": args.path,
+            "newSecret": args.new_secret}  # fmt: skip
+    result = client.call("PUT", f"/api/v2/workspaces/{ws}/git-deploys/{_slug(args)}", body=body)
+
+    def human() -> None:
+        _print_git(result)
+        if result.get("secret"):
+            print(f"  secret (shown once; the webhook's HMAC-SHA256 key): {result['secret']}")
+
+    return output(args, result, human)
+
+
+def cmd_git_list(args: argparse.Namespace, client: ApiClient) -> int:
+    result = client.call("GET", f"/api/v2/workspaces/{_workspace_arg(args)}/git-deploys")
+
+    def human() -> None:
+        for g in result["data"]:
+            _print_git(g)
+
+    return output(args, result, human)
+
+
+def cmd_git_delete(args: argparse.Namespace, client: ApiClient) -> int:
+    ws = _workspace_arg(args)
+    result = client.call("DELETE", f"/api/v2/workspaces/{ws}/git-deploys/{_slug(args)}")
+    return output(args, result, lambda: print("removed the Git deploy"))
 
 
 def cmd_publish(args: argparse.Namespace, client: ApiClient) -> int:
@@ -209,7 +279,11 @@ def cmd_app_list(args: argparse.Namespace, client: ApiClient) -> int:
             print(f"{app['appSlug']} ({app['name']})")
             for v in app["versions"]:
                 state = "published" if v["publishedAt"] else "draft"
-                print(f"  {v['version']:<12} {state:<9} {v['createdAt']}  {', '.join(v['tools'])}")
+                git = f"  @{v['commit'][:12]}" if v.get("commit") else ""
+                print(
+                    f"  {v['version']:<12} {state:<9} {v['createdAt']}  "
+                    f"{', '.join(v['tools'])}{git}"
+                )
 
     return output(args, result, human)
 
@@ -266,7 +340,7 @@ def cmd_tools_run(args: argparse.Namespace, client: ApiClient) -> int:
         "POST",
         f"/api/v2/apps/tools/{slug}/{tool}/run",
         query={"workspaceId": _workspace_arg(args)},
-        body={"input": value, "surface": args.surface},
+        body={"input": value, **({"surface": args.surface} if args.surface else {})},
     )
 
     if result.get("status") == "pending_approval":
@@ -434,8 +508,36 @@ def register_client(
         p.add_argument("--dir", default=".", help="app folder (default .)")
 
     p = app.add_parser("deploy", parents=[common, client], help="upload the app as a new version")
-    p.add_argument("dir", nargs="?", default=".")
+    p.add_argument("dir", nargs="?", default=None, help="the app folder (default .)")
+    p.add_argument(
+        "--git",
+        metavar="URL-or-path",
+        help="deploy the app folder of a commit of this repository (never a working tree's "
+        "uncommitted changes)",
+    )
+    p.add_argument("--ref", help="with --git: a branch, tag or commit (default: HEAD)")
+    p.add_argument("--path", help="with --git: the app's folder in the repository (default: root)")
     p.set_defaults(func=_client_command(cmd_deploy))
+    git = app.add_parser(
+        "git", help="the app's Git deploy: the repository a push webhook deploys from"
+    ).add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+    p = git.add_parser(
+        "set",
+        parents=[common, client],
+        help="set the repository, refs and folder a push deploys (admins); prints a new "
+        "signing secret once",
+    )
+    with_app(p)
+    p.add_argument("--repository", required=True, help="http(s):// or git:// URL")
+    p.add_argument("--ref", default="refs/heads/main", help="refs to deploy (refs/heads/main)")
+    p.add_argument("--path", default="", help="the app's folder in the repository")
+    p.add_argument("--new-secret", action="store_true", help="make a new signing secret")
+    p.set_defaults(func=_client_command(cmd_git_set))
+    p = git.add_parser("list", parents=[common, client], help="the workspace's Git deploys")
+    p.set_defaults(func=_client_command(cmd_git_list))
+    p = git.add_parser("delete", parents=[common, client], help="remove the app's Git deploy")
+    with_app(p)
+    p.set_defaults(func=_client_command(cmd_git_delete))
     p = app.add_parser("publish", parents=[common, client], help="publish a version")
     with_app(p)
     p.add_argument("--version", required=True)
@@ -471,8 +573,10 @@ def register_client(
     p.add_argument("--input", required=True, help="the input as JSON, or - for stdin")
     p.add_argument(
         "--surface",
-        default="cli",
         choices=get_args(Surface),
+        help="the surface to claim; it must be the one the key proves (default: none "
+        "claimed, the run is recorded as the key proves: api for a personal key, a "
+        "token's bound surface)",
     )
     p.set_defaults(func=_client_command(cmd_tools_run))
     p = tools.add_parser(

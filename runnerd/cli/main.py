@@ -18,6 +18,7 @@ from runnerd import __version__
 from runnerd.cli import people, store_ops
 from runnerd.cli.audit import register_audit
 from runnerd.cli.client import register_client
+from runnerd.cli.dev import register_dev
 from runnerd.cli.local import register_local
 from runnerd.cli.serve import register_serve
 from runnerd.cli.service import register_service
@@ -80,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
         commands[name](admin, common)
     register_audit(common, group_parser)
     register_client(groups, common, app, group_parser)
+    register_dev(app, common)
     mcp = groups.add_parser(
         "mcp", parents=[common], help="a stdio MCP server for desktop agents, forwarding to /mcp"
     )

@@ -115,11 +115,31 @@ def settings_from_args(args: argparse.Namespace, **flags: Any) -> Settings:
     return load_settings(config_file=args.config, flags={"data_dir": args.data_dir, **flags})
 
 
-def store_from_args(args: argparse.Namespace) -> Store:
-    """The store the settings name: the data dir's SQLite file, or database_url's."""
-    from runnerd.store import Store
+def store_from_args(args: argparse.Namespace, *, writes: bool = True, new: bool = False) -> Store:
+    """The store the settings name: the data dir's SQLite file, or database_url's.
+    Exits with what to fix when there is none there (a data dir with no store is not
+    made one), and, for a command that ``writes`` (an audit entry, at least), when the
+    trail's newest entry does not verify under the audit key this CLI has: its entries
+    would break the chain for good. ``new``: the command makes the store (bootstrap)."""
+    from runnerd.store import DB_FILENAME, Store
 
-    return Store.open(settings_from_args(args))
+    settings = settings_from_args(args)
+    if not new and not settings.database_url and not (settings.data_dir / DB_FILENAME).exists():
+        raise SystemExit(
+            f"runnerd: no runnerd store in {settings.data_dir}: give the daemon's data dir "
+            "(--data-dir), or its settings (--config, RUNNERD_CONFIG) naming database_url"
+        )
+    store = Store.open(settings)
+    if writes and not store.audit_key_matches():
+        store.close()
+        key = "the audit_key setting" if settings.audit_key else str(settings.audit_key_path)
+        raise SystemExit(
+            f"runnerd: the audit trail's newest entry does not verify under this command's "
+            f"audit key ({key}): what it wrote would break the chain. Give it the nodes' "
+            "key (audit_key or audit_key_file in its settings, or --data-dir of a node); "
+            "`runnerd audit verify` says where the trail breaks"
+        )
+    return store
 
 
 def egress_lines(figures: list[dict[str, Any]]) -> list[str]:

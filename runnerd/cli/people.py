@@ -15,8 +15,8 @@ from typing import Any
 
 from runnerd.cli.output import cli_actor, output, settings_from_args, store_from_args
 from runnerd.errors import InvalidEmail, InvalidScopes, LastAdmin, NotAMember, RunnerdError
-from runnerd.govern.people import add_member, bootstrap, key_holder, token_scopes
-from runnerd.roles import ROLES, SCOPES
+from runnerd.govern.people import add_member, bootstrap, key_holder, key_surface, token_scopes
+from runnerd.roles import BOUND_SURFACES, ROLES, SCOPES
 from runnerd.store import Store
 
 __all__ = ["ADMIN_COMMANDS"]
@@ -34,7 +34,9 @@ def _refused(exc: RunnerdError) -> int:
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
-    made = bootstrap(store_from_args(args), args.workspace, args.email, actor_user_id=cli_actor())
+    made = bootstrap(
+        store_from_args(args, new=True), args.workspace, args.email, actor_user_id=cli_actor()
+    )
     result = {"workspaceId": made.workspace_id, "userId": made.user_id, "apiKey": made.api_key}
     sys.stdout.write(json.dumps(result) + "\n")
     return 0
@@ -101,8 +103,18 @@ def _new_key(args: argparse.Namespace, store: Store, **kw: Any) -> int:
     record, key = store.create_key(name=args.name or "", actor_user_id=cli_actor(), **kw)
     return output(
         args,
-        {"keyId": record.id, "apiKey": key, "kind": record.kind, "scopes": list(record.scopes)},
-        lambda: print(f"{record.kind} key {record.id} (shown once): {key}"),
+        {
+            "keyId": record.id,
+            "apiKey": key,
+            "kind": record.kind,
+            "scopes": list(record.scopes),
+            **({"surface": record.surface} if record.surface else {}),
+        },
+        lambda: print(
+            f"{record.kind} key {record.id}"
+            + (f" (surface {record.surface})" if record.surface else "")
+            + f" (shown once): {key}"
+        ),
     )
 
 
@@ -122,7 +134,14 @@ def cmd_token(args: argparse.Namespace) -> int:
         scopes = token_scopes(args.scope)
     except (NotAMember, InvalidScopes) as exc:
         return _refused(exc)
-    return _new_key(args, store, kind="token", user_id=user_id, scopes=scopes)
+    return _new_key(
+        args,
+        store,
+        kind="token",
+        user_id=user_id,
+        scopes=scopes,
+        surface=key_surface("token", args.surface),
+    )
 
 
 def cmd_workspace_key(args: argparse.Namespace) -> int:
@@ -137,7 +156,7 @@ def cmd_login_link(args: argparse.Namespace) -> int:
     from runnerd.limits import LOGIN_LINK_TTL_S
 
     settings = settings_from_args(args)
-    store = Store.open(settings)
+    store = store_from_args(args)
     user = store.find_user(args.email)
     if user is None:
         print(f"runnerd: no person with the email {args.email}", file=sys.stderr)
@@ -215,6 +234,12 @@ def _add_token(admin: Any, common: argparse.ArgumentParser) -> None:
     p = admin.add_parser("token", parents=[common], help="a scoped token of a person")
     p.add_argument("--email", required=True)
     p.add_argument("--scope", action="append", choices=SCOPES, required=True)
+    p.add_argument(
+        "--surface",
+        choices=BOUND_SURFACES,
+        help="bind the token to a surface: its runs are recorded as it whatever a body "
+        "says (a relay's or chat's write calls wait for approval)",
+    )
     p.add_argument("--name")
     p.set_defaults(func=cmd_token)
 

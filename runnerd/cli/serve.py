@@ -15,11 +15,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or SIGINT, then drain (runnerd/daemon/server.py); 0 once
     stopped. The daemon's modules load here, not with the rest of the CLI."""
     from runnerd.daemon.app import create_app
+    from runnerd.daemon.lifespan import check_store
     from runnerd.daemon.server import serve
     from runnerd.logs import configure as configure_logs
 
     settings = settings_from_args(args, host=args.host, port=args.port)
     configure_logs(settings.log_level, settings.log_format)
+    check_store(settings)  # a schema or key it cannot serve with: one line, then exit
     # Checks run in threads (runnerd.checks.pool); the event loop takes the GIL back from a
     # busy one within 1 ms instead of the default 5, so requests keep their latency.
     sys.setswitchinterval(0.001)

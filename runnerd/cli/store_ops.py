@@ -170,10 +170,16 @@ def cmd_rotate_key(args: argparse.Namespace) -> int:
     for workspace_id, named, kid, nonce, ct in store.sealed_webhooks():
         value = old.open(workspace_id, named, kid, nonce, ct)
         hooks.append((workspace_id, *new.seal(workspace_id, named, value)))
+    gits = []  # the Git deploys' signing secrets
+    for workspace_id, slug, named, kid, nonce, ct in store.sealed_git_deploys():
+        value = old.open(workspace_id, named, kid, nonce, ct)
+        gits.append((workspace_id, slug, *new.seal(workspace_id, named, value)))
     # The new key is safe on disk before any row needs it; rows switch in one transaction.
     pending = settings.secrets_key_path.with_name(settings.secrets_key_path.name + ".new")
     write_key_file(pending, key)
-    store.reseal_all(resealed, new.key_id, held, actor_user_id=cli_actor(), webhooks=hooks)
+    store.reseal_all(
+        resealed, new.key_id, held, actor_user_id=cli_actor(), webhooks=hooks, git_deploys=gits
+    )
     os.replace(pending, settings.secrets_key_path)
     return output(
         args,

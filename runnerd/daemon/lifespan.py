@@ -25,6 +25,7 @@ from typing import IO
 from starlette.applications import Starlette
 
 from runnerd import __version__
+from runnerd.api import frames
 from runnerd.api.ratelimit import RateLimiter
 from runnerd.api.sessions import CookieSigner
 from runnerd.api.state import AppState
@@ -81,7 +82,9 @@ async def lifespan(
         governor=governor,
         signer=CookieSigner.from_file(settings.data_dir / "session.key"),
         call_signer=CookieSigner(vault.derive("mcp request state")),
+        frame_key=vault.derive(frames.FRAME_KEY_LABEL),
     )
+    frames.use_key(app.state.runnerd.frame_key)  # verify_frame_token accepts its tokens
     mcp.state = app.state.runnerd
     governor.on_tools_changed(mcp.tools_changed)  # installs and switches reach MCP sessions
     watch(app.state.runnerd)
@@ -101,6 +104,7 @@ async def lifespan(
     try:
         yield
     finally:
+        frames.drop_key(app.state.runnerd.frame_key)
         mcp.stop()
         try:
             await sessions
@@ -133,26 +137,28 @@ def _hold_data_dir(data_dir: Path) -> IO[str]:
     return handle
 
 
-def _open_store(settings: Settings) -> tuple[Store, Vault]:
+def check_store(settings: Settings) -> None:
+    """What would keep the daemon from serving with the store (its schema, the audit and
+    secrets keys: SystemExit, one line saying what to fix), found before any listener
+    opens: ``runnerd serve`` calls it first, so an operator reads the reason, not a
+    traceback of the server's start."""
+    store, _ = _open_store(settings, quiet=True)
+    store.close()
+
+
+def _open_store(settings: Settings, *, quiet: bool = False) -> tuple[Store, Vault]:
     """The store the settings name and the vault for its secrets; says in the log what
     an operator should fix (no workspace yet, an audit trail another key wrote)."""
     try:
         store = Store.open(settings)
     except StoreUnavailable as error:
         raise SystemExit(f"runnerd: {error}") from None
-    if not store.has_workspace():
+    if not quiet and not store.has_workspace():
         log.warning(
             "no workspace yet in %s: create the first one and its admin with "
             "`runnerd admin bootstrap --data-dir %s --workspace NAME --email YOU`",
             settings.data_dir,
             settings.data_dir,
-        )
-    if not store.audit_key_matches():
-        log.error(
-            "the audit trail's newest entry does not verify under this node's audit key "
-            "(%s): another key wrote it (give every node the same audit_key or "
-            "audit_key_file), or the trail was changed; run `runnerd audit verify`",
-            settings.audit_key_path,
         )
     vault = Vault.from_settings(settings.secrets_key, settings.secrets_key_path)
     sealed_with = store.secret_key_ids()
@@ -165,6 +171,15 @@ def _open_store(settings: Settings) -> tuple[Store, Vault]:
             f"runnerd: the secrets in {store.db.where} are sealed with key "
             f"{', '.join(sorted(foreign))}, and this node's secrets key is {vault.key_id}: "
             "give every node the same key (secrets_key or secrets_key_file)"
+        )
+    if not store.audit_key_matches():  # its first entry would break the chain for good
+        store.close()
+        key = "the audit_key setting" if settings.audit_key else settings.audit_key_path
+        raise SystemExit(
+            "runnerd: the audit trail's newest entry does not verify under this node's "
+            f"audit key ({key}): another key wrote it (give every node "
+            "the same audit_key or audit_key_file), or the trail was changed; run "
+            "`runnerd audit verify`. Not serving: its entries would break the chain"
         )
     return store, vault
 

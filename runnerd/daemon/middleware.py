@@ -12,6 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runnerd.after_answer import PENDING, Pending
 from runnerd.logs import REQUEST_ID
+from runnerd.web.csp import CSP
 
 __all__ = ["AnswerFirst", "RequestIds", "SecurityHeaders"]
 
@@ -19,12 +20,6 @@ log = logging.getLogger(__name__)
 
 _GIVEN_ID = re.compile(r"^[A-Za-z0-9._-]{8,64}$")  # a caller's own request id, when it is plain
 
-# No inline script or style, nothing from another origin, no framing.
-CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; font-src 'self'; form-action 'self'; base-uri 'none'; "
-    "frame-ancestors 'none'"
-)
 SECURITY_HEADERS = [
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),

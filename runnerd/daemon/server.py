@@ -11,17 +11,21 @@ status is 0. A second signal stops at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import resource
 import socket
+import sys
 import time
 from types import FrameType
 
 import uvicorn
 from starlette.applications import Starlette
+from uvicorn.config import STARTUP_FAILURE
 
 from runnerd.config import Settings
+from runnerd.daemon.apps_origin import AppsOrigin, ByListener, HideFrameTokens
 from runnerd.daemon.connections import ConnectionLimits, protocol_class
 from runnerd.limits import (
     ACCEPT_BATCH,
@@ -54,20 +58,50 @@ def sd_notify(message: str) -> bool:
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, app: Starlette, grace_s: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, app: Starlette, grace_s: float, apps_port: int = 0
+    ) -> None:
         super().__init__(config)
         self.app = app
         self.grace_s = grace_s
+        self.apps_port = apps_port
         self.draining: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        if self.started and not self.should_exit and self.apps_port:
+            await self._listen_for_apps()
         for server in getattr(self, "servers", []):
             for listener in server.sockets:  # asyncio listened with ACCEPT_BATCH: more room
                 with listener.dup() as sock:
                     sock.listen(LISTEN_BACKLOG)
         if not self.should_exit:  # the lifespan ran: the store is open, warm jails are up
             sd_notify(f"READY=1\nSTATUS=serving on {self.config.host}:{self.config.port}")
+
+    async def _listen_for_apps(self) -> None:
+        """The apps origin's listener (daemon/apps_origin.py), on the same host, protocol,
+        connection caps and event loop as the daemon's port; ByListener sends what comes
+        in on it to the pages. A port that cannot be had stops the start, as the main
+        port's does."""
+        config = self.config
+        protocol = functools.partial(
+            config.http_protocol_class,  # as uvicorn's startup makes its protocols
+            config=config,  # type: ignore[call-arg]
+            server_state=self.server_state,
+            app_state=self.lifespan.state,
+        )
+        try:
+            server = await asyncio.get_running_loop().create_server(
+                protocol, host=config.host, port=self.apps_port, backlog=config.backlog
+            )
+        except OSError as exc:
+            log.error("the apps origin cannot listen on port %d: %s", self.apps_port, exc)
+            for opened in self.servers:
+                opened.close()
+            await self.lifespan.shutdown()
+            sys.exit(STARTUP_FAILURE)
+        self.servers.append(server)
+        log.info("serving apps' pages on %s:%d", config.host, self.apps_port)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         state = getattr(self.app.state, "runnerd", None)
@@ -131,8 +165,12 @@ def serve(app: Starlette, settings: Settings) -> None:
         per_client=settings.http_max_connections_per_client,
         total=settings.http_max_connections,
     )
+    apps_port = settings.apps_listen_port
+    served = ByListener(app, AppsOrigin(app, settings), apps_port) if apps_port else app
+    if apps_port:
+        logging.getLogger("uvicorn.access").addFilter(HideFrameTokens())
     config = uvicorn.Config(
-        app,
+        served,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -148,4 +186,4 @@ def serve(app: Starlette, settings: Settings) -> None:
         loop="asyncio",
         timeout_graceful_shutdown=2,  # runs had their grace already: end open requests
     )
-    _Server(config, app, settings.stop_grace_s).run()
+    _Server(config, app, settings.stop_grace_s, apps_port).run()

@@ -60,8 +60,10 @@ def add_version(
     workspace_id: str,
     user_id: str | None,
     key_id: str | None,
+    git: tuple[str, str | None] | None = None,
 ) -> VersionRecord:
-    """Store a checked bundle as a new version of its app, for ``workspace_id``: a new
+    """Store a checked bundle as a new version of its app, for ``workspace_id`` (``git``:
+    the commit and ref of a Git deploy): a new
     slug becomes the workspace's; one another workspace owns is refused
     (AppOwnedByAnotherWorkspace). Ownership is checked in the transaction that adds the
     version, so of two workspaces deploying one new slug at once, one owns it and the
@@ -72,7 +74,12 @@ def add_version(
         return check_owner(app, workspace_id)
 
     version = store.add_version(
-        bundle, workspace_id=workspace_id, user_id=user_id, key_id=key_id, check_app=check
+        bundle,
+        workspace_id=workspace_id,
+        user_id=user_id,
+        key_id=key_id,
+        check_app=check,
+        git=git,
     )
     if any(tool.packages for tool in bundle.tools):
         announce(store, version.id)

@@ -106,7 +106,7 @@ class Governor:
             ),
             idempotency=IdempotencyKeys(store, settings.idempotency_ttl_s),
             results=results,
-            peers=Peers(vault.derive("node results"), results),
+            peers=Peers(vault.derive("node results"), results, lambda: store.node_id),
         )
 
     # --- what the surfaces hear -------------------------------------------------------------
@@ -536,7 +536,7 @@ class Governor:
         if found[0] is None:  # a node of a version before node URLs: it cannot be asked
             return "OUTPUT_NODE_UNREACHABLE"
         try:
-            held = await self.peers.fetch(found[0], run_id)
+            held = await self.peers.fetch(found[0], node_id, run_id)
         except PeerUnreachable as error:
             log.warning("node %s did not answer for run %s: %s", node_id, run_id, error)
             return "OUTPUT_NODE_UNREACHABLE"

@@ -67,7 +67,9 @@ class IdempotencyKeys:
         first_hash, run_id, approval_id = found
         if first_hash != fingerprint:
             raise IdempotencyConflict(
-                "this Idempotency-Key was already used with a different request"
+                "this Idempotency-Key was already used with a different request (another "
+                "input or tool, or the install now runs another version: a switch or "
+                "rollback makes a retry a new request)"
             )
         deadline = time.monotonic() + MAX_CALL_WAIT_S
         while run_id is None and approval_id is None and time.monotonic() < deadline:

@@ -10,10 +10,16 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from runnerd.errors import InvalidEmail, InvalidScopes, KeysBeyondYourWorkspaces, NotAMember
+from runnerd.errors import (
+    InvalidBody,
+    InvalidEmail,
+    InvalidScopes,
+    KeysBeyondYourWorkspaces,
+    NotAMember,
+)
 from runnerd.limits import MAX_EMAIL_CHARS
 from runnerd.model import Role
-from runnerd.roles import SCOPES
+from runnerd.roles import BOUND_SURFACES, SCOPES
 from runnerd.store import Store
 
 __all__ = [
@@ -22,6 +28,7 @@ __all__ = [
     "add_member",
     "bootstrap",
     "key_holder",
+    "key_surface",
     "may_hold_keys_of",
     "token_scopes",
 ]
@@ -102,6 +109,18 @@ def token_scopes(scopes: list[str]) -> tuple[str, ...]:
     if not scopes or not set(scopes) <= set(SCOPES):
         raise InvalidScopes(SCOPES)
     return tuple(scopes)
+
+
+def key_surface(kind: str, surface: str | None) -> str | None:
+    """The surface a new key is bound to: only a token may be, to one of BOUND_SURFACES
+    (its runs are recorded as it, api/surfaces.py); InvalidBody otherwise."""
+    if surface is None:
+        return None
+    if kind != "token":
+        raise InvalidBody("surface: only a token is bound to a surface (kind token)")
+    if surface not in BOUND_SURFACES:
+        raise InvalidBody(f"surface: one of {', '.join(BOUND_SURFACES)}")
+    return surface
 
 
 class Bootstrapped(NamedTuple):

@@ -67,6 +67,7 @@ from runnerd.govern.approvals import CallOf
 from runnerd.govern.results import OUTPUT_MISSING, CallResult, Pending, may_see_output
 from runnerd.limits import APPROVAL_POLL_S, MAX_MCP_SESSIONS
 from runnerd.mcp.sessions import SessionGuard, authorize
+from runnerd.model import Surface
 
 if TYPE_CHECKING:
     from runnerd.api.state import AppState
@@ -239,7 +240,9 @@ class McpGateway:
             )
         try:
             # The governor finds the tool, and audits an unknown one as the API's refusal.
-            await state.governor.tool_to_call(install, tool_name, who=who, surface="chat")
+            await state.governor.tool_to_call(
+                install, tool_name, who=who, surface=mcp_surface(caller)
+            )
         except ToolNotFound as exc:
             raise _unknown_tool(params.name, exc) from None
         try:
@@ -247,9 +250,11 @@ class McpGateway:
                 return await self._confirmed(state, who, install, tool_name, arguments, params)
             # The governor checks the person's role, and audits its refusals as the API's.
             outcome = await state.governor.call(
-                install, tool_name, arguments, who=who, surface="chat"
+                install, tool_name, arguments, who=who, surface=mcp_surface(caller)
             )
             if isinstance(outcome, Pending):
+                if mcp_surface(caller) == "relay":  # its approvers decide, not the asker
+                    return _pending(state, outcome)
                 asking = _Asking(install.app_slug, tool_name, arguments)
                 return await self._ask(state, ctx, who, asking, outcome)
         except RunnerdError as exc:
@@ -484,6 +489,13 @@ def _url_only(elicitation: types.ElicitationCapability) -> bool:
 def approvals_url(state: AppState) -> str:
     """The Manage page's Approvals screen, where a person decides a held call."""
     return f"{state.settings.public_base}/#/approvals"
+
+
+def mcp_surface(caller: Caller) -> Surface:
+    """The surface of a call over MCP: ``chat``, whatever key opened the session, except a
+    relay's token (bound to ``relay``, api/surfaces.py), whose calls are ``relay`` here
+    too: its write calls wait for the app's approvers, never only for the asker."""
+    return "relay" if caller.key.kind == "token" and caller.key.surface == "relay" else "chat"
 
 
 def _pending(state: AppState, held: Pending) -> types.CallToolResult:

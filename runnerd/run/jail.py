@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from runnerd.errors import SandboxUnavailable
 from runnerd.limits import (
     HARNESS_COMPILE_TIMEOUT_S,
+    LATE_TIMER_S,
     MAX_LOG_BYTES,
     MAX_OUTPUT_BYTES,
     REPLY_FRAME_BYTES,
@@ -440,10 +441,21 @@ class Sandbox:
                 timeout=max(0.0, deadline - time.monotonic()),
                 return_when=asyncio.FIRST_COMPLETED,
             )
+            if not done and time.monotonic() - deadline > LATE_TIMER_S:
+                # The deadline's timer ran late: this daemon was stalled (stopped, paused,
+                # starved), perhaps before it even handed the tool its request. A reply
+                # that came meanwhile waits in its pipe; a tool still going gets its
+                # timeout again from now (it is billed at most that, below).
+                done, _ = await asyncio.wait(
+                    {exited, jail.result.done}, timeout=job.timeout_ms / 1000,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )  # fmt: skip
             timed_out = not done
             if timed_out:
                 await jail.stop()
-            duration_ms = round((time.monotonic() - started) * 1000)
+            # Never more than its timeout: a daemon stalled past a run's end (the reply
+            # waiting in its pipe) must not bill the stall.
+            duration_ms = min(round((time.monotonic() - started) * 1000), job.timeout_ms)
             if proc.returncode is None and not logs:
                 handed_over = True  # replied; the jail's end goes on in the background
                 self._in_background(self._finish(jail, REPLY_GRACE_S, on_end))

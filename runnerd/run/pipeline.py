@@ -218,8 +218,10 @@ class Pipeline:
             egress=grant,
             log_slack=scrub.longest,
         )
+        prepared = time.monotonic() - started
         try:
             outcome = await self.sandbox.run(job, logs=logs, refill=False, on_end=on_end)
+            judged_from = time.monotonic()
             size = len(outcome.result or b"") + len(outcome.logs)
             result = await self.checker.run(
                 lambda: judge(
@@ -243,5 +245,9 @@ class Pipeline:
         if grant is not None and proxy is not None:
             result.egress = grant.figures(scrub.scrub)  # the tool's names, scrubbed
             result.egress_audit = grant.summary()
-        result.duration_ms = metered_ms(time.monotonic() - started + checked_before)
+        # The checks' time and the jail's (at most the tool's timeout, however late this
+        # daemon came back to a reply waiting in its pipe: a stall is not the tool's).
+        judged = time.monotonic() - judged_from
+        jailed = outcome.duration_ms / 1000
+        result.duration_ms = metered_ms(checked_before + prepared + jailed + judged)
         return result

@@ -178,7 +178,8 @@ class _Base:
             idempotency_key = str(uuid.uuid4())  # a retry must not run the tool twice
         if idempotency_key is not None:
             headers["Idempotency-Key"] = idempotency_key
-        return path, {"input": value, "surface": "app"}, headers
+        # No surface: the server records the one the key proves (api for a personal key).
+        return path, {"input": value}, headers
 
     def _settle(self, response: httpx.Response, attempt: int) -> RunResult | float:
         """The run's result; else the seconds to wait before retrying (429 or 503 within

@@ -12,6 +12,7 @@ from runnerd.store.approvals import ApprovalRow, ApprovalsStore
 from runnerd.store.apps import AppsStore
 from runnerd.store.audit import AuditEntry
 from runnerd.store.core import DB_FILENAME
+from runnerd.store.git_deploys import GitDeployRow, GitDeploysStore
 from runnerd.store.idempotency import IdempotencyStore
 from runnerd.store.nodes import NodesStore
 from runnerd.store.oauth import OAuthStore
@@ -40,6 +41,7 @@ __all__ = [
     "ApprovalRule",
     "AuditEntry",
     "BudgetStatus",
+    "GitDeployRow",
     "InstallRecord",
     "KeyRecord",
     "MembershipRecord",
@@ -65,6 +67,7 @@ class Store(
     SecretsStore,
     ApprovalsStore,
     ApprovalRulesStore,
+    GitDeploysStore,
     IdempotencyStore,
     SessionsStore,
     OAuthStore,

@@ -8,6 +8,7 @@ from typing import Any
 
 from runnerd.errors import VersionExists
 from runnerd.ids import new_id, utc_now
+from runnerd.limits import DEFAULT_PAGE_ENTRY
 from runnerd.model import Bundle, Tool
 from runnerd.store.audit import AuditStore
 from runnerd.store.records import AppRecord, InstallRecord, ToolRecord, VersionRecord
@@ -24,9 +25,10 @@ class AppsStore(AuditStore):
         user_id: str | None = None,
         key_id: str | None = None,
         check_app: Callable[[AppRecord], object] | None = None,
+        git: tuple[str, str | None] | None = None,
     ) -> VersionRecord:
         """Store ``bundle`` as a new immutable version of its app (created on first upload,
-        owned by ``workspace_id``).
+        owned by ``workspace_id``); ``git``: the commit and ref of a Git deploy.
 
         The version string is the manifest's, else the next number in order. Raises
         VersionExists when the app already has that version string; then nothing changes.
@@ -67,9 +69,25 @@ class AppsStore(AuditStore):
                     "content_hash": bundle.content_hash,
                     "created_at": now,
                     "egress": json.dumps(list(manifest.egress)),
+                    "page_entry": _page_entry(bundle),
+                    "git_commit": git[0] if git else None,
+                    "git_ref": git[1] if git else None,
                 },
             )
             self.db.insert_all("tools", [_tool_row(version_id, t) for t in bundle.tools])
+            self.db.insert_all(
+                "app_pages",
+                [
+                    {
+                        "version_id": version_id,
+                        "path": page.path,
+                        "content": page.content,
+                        "content_type": page.content_type,
+                        "sha256": page.sha256,
+                    }
+                    for page in bundle.pages
+                ],
+            )
             self._append_audit(
                 "app.deploy",
                 workspace_id=workspace_id,
@@ -81,6 +99,7 @@ class AppsStore(AuditStore):
                     "version": version,
                     "contentHash": bundle.content_hash,
                     "tools": [t.name for t in bundle.tools],
+                    **({"commit": git[0], "ref": git[1]} if git else {}),
                 },
             )
         return VersionRecord(
@@ -93,6 +112,8 @@ class AppsStore(AuditStore):
             tool_names=tuple(t.name for t in bundle.tools),
             created_at=now,
             egress=manifest.egress,
+            commit=git[0] if git else None,
+            ref=git[1] if git else None,
         )
 
     def _app_row(self, slug: str) -> dict[str, Any] | None:
@@ -370,6 +391,33 @@ class AppsStore(AuditStore):
             found.append((version, _tool_record(row)))
         return found
 
+    # --- Pages (served on the apps origin: daemon/apps_origin.py) ---------------------------
+
+    def page_count(self, version_id: str) -> int:
+        row = self.db.execute(
+            "SELECT count(*) FROM app_pages WHERE version_id = ?", [version_id]
+        ).fetchone()
+        return int(row[0])
+
+    def page_entry(self, version_id: str) -> str | None:
+        """The page a frame of this version opens; None when it has no pages."""
+        row = self.db.execute(
+            "SELECT page_entry FROM app_versions WHERE id = ?", [version_id]
+        ).fetchone()
+        return str(row[0]) if row and row[0] is not None else None
+
+    def installed_page(self, install_id: str, path: str) -> tuple[bytes, str, str] | None:
+        """The page ``path`` of the version the install runs now, as (content, content
+        type, sha256); None when there is no such install or page. One query: a switch
+        or rollback changes what the next call finds."""
+        row = self.db.execute(
+            """SELECT p.content, p.content_type, p.sha256 FROM installs i
+               JOIN app_pages p ON p.version_id = i.version_id
+               WHERE i.id = ? AND p.path = ?""",
+            [install_id, path],
+        ).fetchone()
+        return (bytes(row[0]), str(row[1]), str(row[2])) if row else None
+
     def get_tool(self, version_id: str, name: str) -> ToolRecord | None:
         rows = list(
             self.db.query(
@@ -380,7 +428,7 @@ class AppsStore(AuditStore):
 
 
 _INSTALL_SQL = """SELECT i.id, i.workspace_id, i.app_id, a.slug AS app_slug, i.version_id,
-       v.version, i.previous_version_id, i.created_at, i.updated_at, i.egress
+       v.version, i.previous_version_id, i.created_at, i.updated_at, i.egress, v.page_entry
 FROM installs i JOIN apps a ON a.id = i.app_id JOIN app_versions v ON v.id = i.version_id"""
 
 
@@ -392,6 +440,12 @@ def _app_record(row: dict[str, Any]) -> AppRecord:
         created_at=row["created_at"],
         workspace_id=row.get("workspace_id"),
     )
+
+
+def _page_entry(bundle: Bundle) -> str | None:
+    if not bundle.pages:
+        return None
+    return bundle.manifest.entry or DEFAULT_PAGE_ENTRY
 
 
 def _tool_row(version_id: str, tool: Tool) -> dict[str, Any]:
@@ -440,4 +494,6 @@ def _version_record(row: dict[str, Any]) -> VersionRecord:
         tool_names=tuple(json.loads(row["tool_names"])),
         created_at=row["created_at"],
         egress=tuple(json.loads(row["egress"])),
+        commit=row.get("git_commit"),
+        ref=row.get("git_ref"),
     )

@@ -13,9 +13,9 @@ __all__ = ["TABLES", "copy_store"]
 # copied: they belong to the database the nodes served.
 TABLES = (
     "workspaces", "users", "memberships", "api_keys", "apps", "app_versions", "tools",
-    "publications", "installs", "runs", "install_secrets", "budgets", "budget_usage",
+    "app_pages", "publications", "installs", "runs", "install_secrets", "budgets", "budget_usage",
     "ledger", "audit", "approvals", "idempotency", "login_links", "web_sessions",
-    "approval_rules", "workspace_webhooks",
+    "approval_rules", "workspace_webhooks", "git_deploys",
     "oauth_clients", "oauth_requests", "oauth_codes", "oauth_refresh_tokens",
 )  # fmt: skip
 

@@ -259,8 +259,20 @@ _PG_SESSION = (
 )
 
 
+# What libpq says when the server answered but refused the login (not an outage).
+_LOGIN_REFUSED = re.compile(
+    r"password authentication failed|no password supplied|role .* does not exist|"
+    r"database .* does not exist|no pg_hba\.conf entry|authentication failed"
+)
+
+
 def _unreachable(where: str, error: Exception) -> str:
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if _LOGIN_REFUSED.search(first):
+        return (
+            f"PostgreSQL at {where} refused the login: {first} (check database_url's user, "
+            "password and database, or PGPASSWORD / ~/.pgpass)"
+        )
     return f"PostgreSQL at {where} did not answer: {first}"
 
 

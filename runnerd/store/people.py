@@ -164,11 +164,14 @@ class PeopleStore(AuditStore):
         workspace_id: str | None = None,
         scopes: tuple[str, ...] = (),
         name: str = "",
+        surface: str | None = None,
         audit_workspace_id: str | None = None,
         actor_user_id: str | None = None,
         actor_key_id: str | None = None,
     ) -> tuple[KeyRecord, str]:
         """A new API key; returns the record and the plaintext, which is never stored.
+        ``surface`` binds a token to the surface its runs are recorded as (relay,
+        workflow, chat; govern/people.py checks it).
         ``audit_workspace_id`` files the audit entry of a personal key under a workspace
         (with none, it is filed in each workspace of its holder: it acts in all of them);
         the entry's actor is ``actor_user_id`` (who made it; the holder when None)."""
@@ -182,6 +185,7 @@ class PeopleStore(AuditStore):
             name=name,
             prefix=plaintext[:10],
             created_at=utc_now(),
+            surface=surface,
         )
         with self._write():
             self.db.insert(
@@ -205,6 +209,7 @@ class PeopleStore(AuditStore):
                     "kind": kind,
                     "scopes": list(scopes),
                     "prefix": record.prefix,
+                    **({"surface": surface} if surface else {}),
                 },
             )
         return record, plaintext
@@ -230,6 +235,7 @@ class PeopleStore(AuditStore):
             name=row["name"],
             prefix=row["prefix"],
             created_at=row["created_at"],
+            surface=row["surface"],
         )
 
     def members(self, workspace_id: str) -> list[dict[str, Any]]:
@@ -260,7 +266,7 @@ class PeopleStore(AuditStore):
         return list(
             self.db.query(
                 """SELECT k.id, k.kind, k.user_id, u.email, k.workspace_id, k.scopes, k.name,
-                          k.prefix, k.created_at
+                          k.prefix, k.created_at, k.surface
                    FROM api_keys k LEFT JOIN users u ON u.id = k.user_id
                    WHERE k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > ?)
                      AND (k.workspace_id = ? OR (k.workspace_id IS NULL AND k.user_id IN
@@ -297,7 +303,8 @@ class PeopleStore(AuditStore):
 
     def get_key(self, key_id: str) -> KeyRecord | None:
         row = self.db.execute(
-            """SELECT id, kind, user_id, workspace_id, scopes, name, prefix, created_at
+            """SELECT id, kind, user_id, workspace_id, scopes, name, prefix, created_at,
+                      surface
                FROM api_keys WHERE id = ? AND revoked_at IS NULL""",
             [key_id],
         ).fetchone()

@@ -44,6 +44,8 @@ class VersionRecord(msgspec.Struct, frozen=True):
     tool_names: tuple[str, ...]
     created_at: str
     egress: tuple[str, ...] = ()  # the destinations this version asks to reach
+    commit: str | None = None  # a Git deploy's commit (None for a folder's)
+    ref: str | None = None  # and its full ref name (None for a commit named by its id)
 
 
 class WorkspaceRecord(msgspec.Struct, frozen=True):
@@ -76,6 +78,9 @@ class KeyRecord(msgspec.Struct, frozen=True):
     name: str
     prefix: str
     created_at: str
+    # The surface a token is bound to (relay, workflow, chat): its runs are recorded as
+    # that surface (api/surfaces.py). None for every other key.
+    surface: str | None = None
 
     @property
     def is_oauth(self) -> bool:
@@ -103,6 +108,7 @@ class InstallRecord(msgspec.Struct, frozen=True):
     created_at: str
     updated_at: str
     egress: tuple[str, ...] = ()  # the destinations granted: the version's, or fewer
+    page_entry: str | None = None  # the page its version's frame opens; None: no pages
 
 
 class ToolRecord(Tool, frozen=True):

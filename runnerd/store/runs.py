@@ -342,8 +342,9 @@ class RunsStore(AuditStore):
         workspace_id, install_id, _, version_id, tool, _, surface = row[:7]
         month, before_kind, before_ms = row[9], row[11], row[12] or 0
         self.db.execute(
-            "UPDATE runs SET status = ?, duration_ms = ?, error_kind = ?, egress = ? WHERE id = ?",
-            [status, duration_ms, error_kind, _json_or_null(egress), run_id],
+            "UPDATE runs SET status = ?, duration_ms = ?, error_kind = ?, egress = ?, ended_at = ? "
+            "WHERE id = ?",  # its end on the clock of the node that ran it, as its start
+            [status, duration_ms, error_kind, _json_or_null(egress), utc_now(), run_id],
         )
         self.db.execute(
             "UPDATE ledger SET sandbox_ms = ? WHERE run_id = ? AND kind = ?",

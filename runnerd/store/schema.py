@@ -444,6 +444,54 @@ def _m15_audit_chains(db: Database) -> None:
         )
 
 
+def _m16_key_surfaces(db: Database) -> None:
+    """The surface a token is bound to (``relay``, ``workflow`` or ``chat``; NULL for
+    every other key): its runs are recorded as that surface, whatever a body says."""
+    db.ddl("ALTER TABLE api_keys ADD COLUMN surface TEXT")
+
+
+def _m17_app_pages(db: Database) -> None:
+    """An app version's pages (the manifest's ``pages`` folder), served on the apps
+    origin: each file's path in the folder, its bytes, type and sha256 (hex, its ETag).
+    Immutable, as the version is; the version row says which page a frame opens."""
+    db.ddl(
+        """CREATE TABLE app_pages (
+            version_id TEXT NOT NULL REFERENCES app_versions(id),
+            path TEXT NOT NULL,
+            content BLOB NOT NULL,
+            content_type TEXT NOT NULL,
+            sha256 TEXT NOT NULL,
+            PRIMARY KEY (version_id, path)
+        )"""
+    )
+    db.ddl("ALTER TABLE app_versions ADD COLUMN page_entry TEXT")
+    _immutable(db, "app_pages")
+
+
+def _m18_git_deploys(db: Database) -> None:
+    """The commit a version was deployed from, and its ref (a Git deploy; NULL for a
+    folder's), and each workspace's Git deploys: per app, the repository a push webhook
+    fetches, the refs it deploys and the app's folder, with its signing secret sealed by
+    the vault (as the approvals webhook's)."""
+    db.ddl("ALTER TABLE app_versions ADD COLUMN git_commit TEXT")
+    db.ddl("ALTER TABLE app_versions ADD COLUMN git_ref TEXT")
+    db.ddl(
+        """CREATE TABLE git_deploys (
+            workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+            app_slug TEXT NOT NULL,
+            repository TEXT NOT NULL,
+            ref_pattern TEXT NOT NULL,
+            path TEXT NOT NULL DEFAULT '',
+            secret_kid TEXT NOT NULL,
+            secret_nonce BLOB NOT NULL,
+            secret_sealed BLOB NOT NULL,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            updated_by TEXT REFERENCES users(id),
+            PRIMARY KEY (workspace_id, app_slug))"""
+    )
+
+
 # Append only: a migration, once released, never changes.
 MIGRATIONS: list[Callable[[Database], None]] = [
     _m1_apps_and_versions,
@@ -461,4 +509,7 @@ MIGRATIONS: list[Callable[[Database], None]] = [
     _m13_node_leases,
     _m14_node_urls,
     _m15_audit_chains,
+    _m16_key_surfaces,
+    _m17_app_pages,
+    _m18_git_deploys,
 ]

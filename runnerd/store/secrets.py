@@ -105,12 +105,20 @@ class SecretsStore(AuditStore):
         *,
         actor_user_id: str | None = None,
         webhooks: Sequence[tuple[str, str, bytes, bytes]] = (),
+        git_deploys: Sequence[tuple[str, str, str, bytes, bytes]] = (),
     ) -> None:
         """Replace every sealed secret, the sealed inputs of pending approvals
         (``approvals``, as sealed_approvals gives them) and the webhooks' signing secrets
         (``webhooks``: workspace id, key id, nonce, ciphertext), in one transaction: a key
-        rotation."""
+        rotation. ``git_deploys``: the Git deploys' signing secrets (workspace id, app
+        slug, key id, nonce, ciphertext)."""
         with self._write():
+            for workspace_id, slug, kid, nonce, ciphertext in git_deploys:
+                self.db.execute(
+                    """UPDATE git_deploys SET secret_kid = ?, secret_nonce = ?,
+                       secret_sealed = ? WHERE workspace_id = ? AND app_slug = ?""",
+                    [kid, nonce, ciphertext, workspace_id, slug],
+                )
             for workspace_id, kid, nonce, ciphertext in webhooks:
                 self.db.execute(
                     """UPDATE workspace_webhooks SET secret_kid = ?, secret_nonce = ?,

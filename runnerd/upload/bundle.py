@@ -20,10 +20,11 @@ from runnerd import egress
 from runnerd import limits as L
 from runnerd.checks.schemas import check_document
 from runnerd.errors import BundleRejected
-from runnerd.model import Bundle, Manifest, Problem, Tool
+from runnerd.model import Bundle, Manifest, Page, Problem, Tool
 from runnerd.run.addresses import never_refusal
 from runnerd.run.toolchain import Toolchain
 from runnerd.upload.code import SourceFile, check_code
+from runnerd.upload.pages import check_pages, folder_problem
 from runnerd.upload.tool_file import load_tool
 from runnerd.upload.walk import glob_problem, match_globs, path_problems
 from runnerd.upload.yamlfile import (
@@ -67,6 +68,13 @@ def _load_manifest(files: Mapping[str, bytes], problems: list[Problem]) -> Manif
         path: tuple[str | int, ...] = ("tools",) if isinstance(tree["tools"], str) else ("tools", i)
         if (why := glob_problem(pattern)) is not None:
             problems.append(Problem(name, f"tools: {why}", line_of(tree, path)))
+    pages = tree.get("pages")
+    if pages is not None and (why := folder_problem(str(pages))) is not None:
+        problems.append(Problem(name, f"pages: {why}", line_of(tree, ("pages",))))
+    entry = tree.get("entry")
+    if entry is not None and pages is None:
+        why = "entry: names a page, and there is no pages folder"
+        problems.append(Problem(name, why, line_of(tree, ("entry",))))
     version = tree.get("version")
     return Manifest(
         slug=str(tree["slug"]),
@@ -75,6 +83,8 @@ def _load_manifest(files: Mapping[str, bytes], problems: list[Problem]) -> Manif
         tools=tuple(str(g) for g in globs),
         text=text,
         egress=_egress(tree, problems),
+        pages=str(pages) if pages is not None else None,
+        entry=str(entry) if entry is not None else None,
     )
 
 
@@ -165,6 +175,14 @@ def load_bundle(files: Mapping[str, bytes], *, toolchain: Toolchain | None) -> B
                 )
             )
 
+    pages: tuple[Page, ...] = ()
+    if manifest.pages is not None:
+        not_pages = {p: "named by the manifest's tools globs" for p in named}
+        not_pages.update({p: "a tool file" for p in tool_files})
+        not_pages.update({s + ext: "a tool's source" for s in stems for ext in L.SOURCE_LANGUAGES})
+        not_pages[L.MANIFEST_NAME] = "the manifest"
+        pages = check_pages(manifest.pages, manifest.entry, files, not_pages, problems)
+
     drafts = [d for p in tool_files if (d := load_tool(p, files, problems)) is not None]
     by_name: dict[str, str] = {}
     for path in tool_files:
@@ -210,14 +228,20 @@ def load_bundle(files: Mapping[str, bytes], *, toolchain: Toolchain | None) -> B
     if problems:
         raise BundleRejected(sorted(problems, key=lambda p: (p.file, p.line or 0)))
     tools.sort(key=lambda t: t.name)
-    return Bundle(manifest, tuple(tools), tuple(warnings), _content_hash(manifest, tools))
+    return Bundle(
+        manifest, tuple(tools), tuple(warnings), _content_hash(manifest, tools, pages), pages
+    )
 
 
-def _content_hash(manifest: Manifest, tools: list[Tool]) -> str:
+def _content_hash(manifest: Manifest, tools: list[Tool], pages: tuple[Page, ...] = ()) -> str:
+    """The sha256 of the manifest, every tool file, source and build, and every page (its
+    path and digest; a version without pages hashes as before pages were)."""
     digest = hashlib.sha256()
     parts = [manifest.text]
     for tool in tools:
         parts += [tool.yaml_path, tool.yaml_text, tool.source_path, tool.source]
+    for page in pages:
+        parts += [page.path, page.sha256]
     for part in parts:
         data = part.encode()
         digest.update(len(data).to_bytes(8, "big") + data)

@@ -21,6 +21,7 @@ from runnerd import limits as L
 from runnerd.checks.patterns import PatternError, compile_pattern
 from runnerd.errors import BundleRejected
 from runnerd.model import Problem
+from runnerd.upload.pages import read_pages
 from runnerd.upload.yamlfile import load_yaml
 
 __all__ = [
@@ -268,9 +269,10 @@ def read_manifest(root: Path) -> bytes | None:
 
 def read_app_dir(root: Path) -> dict[str, bytes]:
     """The bundle of the app in ``root``: the manifest, the files its ``tools`` globs name,
-    and the source beside each tool file. Reads no more than a limit-and-a-byte of any file,
-    so an oversized file is reported, not loaded; never reads through a symlink that leaves
-    ``root``. Raises BundleRejected naming every such link (and a folder too large to walk).
+    the source beside each tool file, and the files of its ``pages`` folder. Reads no
+    more than a limit-and-a-byte of any file, so an oversized file is reported, not
+    loaded; never reads through a symlink that leaves ``root`` (a page's: its folder).
+    Raises BundleRejected naming every such link (and a folder too large to walk).
     """
     files: dict[str, bytes] = {}
     data = read_manifest(root)
@@ -279,10 +281,12 @@ def read_app_dir(root: Path) -> dict[str, bytes]:
     walk = _Walk(root)
     files[L.MANIFEST_NAME] = data
     raw: Any = None
+    pages: Any = None
     if len(data) <= L.MAX_MANIFEST_BYTES:
         with contextlib.suppress(YAMLError, UnicodeDecodeError):
             doc = load_yaml(data.decode("utf-8"))
             raw = doc.get("tools") if isinstance(doc, dict) else None
+            pages = doc.get("pages") if isinstance(doc, dict) else None
     patterns = [raw] if isinstance(raw, str) else [g for g in raw or [] if isinstance(g, str)]
     named = set(walk.files(_globs(tuple(patterns))))
     for rel in list(named):
@@ -295,8 +299,14 @@ def read_app_dir(root: Path) -> dict[str, bytes]:
         content = walk.read(rel)
         if content is not None:
             files[rel] = content
-    if walk.problems:
-        raise BundleRejected(sorted(walk.problems, key=lambda p: p.file))
+    problems = walk.problems
+    if isinstance(pages, str):  # the manifest's pages folder (upload/pages.py)
+        page_files, page_problems = read_pages(root, pages)
+        problems += page_problems
+        for rel, content in page_files.items():
+            files.setdefault(rel, content)  # a file the globs name too: refused as a page
+    if problems:
+        raise BundleRejected(sorted(problems, key=lambda p: p.file))
     return files
 
 

@@ -5,6 +5,7 @@ security headers every answer carries are added by runnerd/daemon/middleware.py.
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
@@ -16,6 +17,7 @@ from runnerd.api.errors import envelope
 from runnerd.api.state import AppState
 from runnerd.errors import RunnerdError
 from runnerd.web.chart import usage_svg
+from runnerd.web.csp import CSP
 
 __all__ = ["web_routes"]
 
@@ -23,8 +25,20 @@ STATIC = Path(__file__).with_name("static")
 
 
 async def page(request: Request) -> Response:
-    """The page: one HTML shell; the script draws every screen from the API."""
-    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+    """The page: one HTML shell; the script draws every screen from the API. Its CSP is
+    every answer's, but that it may frame the apps origin (an app's pages, bridge.js)."""
+    state: AppState = request.app.state.runnerd
+    headers = {"Cache-Control": "no-store"}
+    apps = state.settings.apps_base
+    if apps is not None:
+        headers["Content-Security-Policy"] = f"{CSP}; frame-src {_origin(apps)}"
+    return FileResponse(STATIC / "index.html", headers=headers)
+
+
+def _origin(url: str) -> str:
+    """The origin of ``url`` (scheme, host and port), as a CSP source."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 async def usage_chart(request: Request) -> Response:

@@ -12,12 +12,12 @@ export class ApiError extends Error {
   }
 }
 
-export async function api(method, path, { query, body } = {}) {
+export async function api(method, path, { query, body, headers: extra } = {}) {
   const url = new URL(path, window.location.origin);
   for (const [key, value] of Object.entries(query || {})) {
     if (value !== null && value !== undefined && value !== '') url.searchParams.set(key, value);
   }
-  const headers = { Accept: 'application/json' };
+  const headers = { ...extra, Accept: 'application/json' };
   if (body !== undefined) headers['Content-Type'] = 'application/json';
   if (method !== 'GET' && session.info && session.info.csrfToken) {
     headers['X-CSRF-Token'] = session.info.csrfToken;

@@ -3,6 +3,7 @@
 import { api, can, membership, session } from './api.js';
 import { append, clear, errorBox, h } from './dom.js';
 import { approvalsView } from './approvals.js';
+import { appFrameView } from './bridge.js';
 import { consentView } from './consent.js';
 import {
   appsView, auditView, installView, ledgerView, peopleView, runView, runsView, toolView,
@@ -12,6 +13,7 @@ const main = document.getElementById('main');
 
 const ROUTES = [
   [/^\/?$/, appsView, 'Apps'],
+  [/^\/apps\/([^/]+)$/, appFrameView, 'App', ['installId']],
   [/^\/installs\/([^/]+)$/, installView, 'Manage', ['installId']],
   [/^\/installs\/([^/]+)\/tools\/([^/]+)$/, toolView, 'Tool', ['installId', 'tool']],
   [/^\/installs\/([^/]+)\/runs$/, runsView, 'Runs', ['installId']],

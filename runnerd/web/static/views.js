@@ -50,7 +50,7 @@ export async function appsView(main) {
     api('GET', '/api/v2/apps/installs', { query: { workspaceId: ws() } }),
   ]);
   const installOf = new Map(installs.data.map((i) => [i.appSlug, i]));
-  append(main, [h('h1', {}, 'Apps')]);
+  append(main, [h('h1', {}, 'Apps'), launcher(installs.data)]);
   if (!apps.data.length) {
     append(main, [empty('No apps yet: deploy one with runnerd app deploy.')]);
     return;
@@ -87,6 +87,17 @@ export async function appsView(main) {
         : h('p', { class: 'muted' }, 'Not installed in this workspace.'),
       table(['Version', 'State', 'Date', 'Tools', '', ''], rows, 'No versions.'))]);
   }
+}
+
+// The launcher: the installs whose version has pages, each opened in its frame
+// (bridge.js); for the people who may run tools (members and up, with the Apps module).
+function launcher(installs) {
+  const withPages = installs.filter((i) => i.pageEntry);
+  if (!withPages.length || !can('member')) return null;
+  return h('section', { class: 'card', id: 'launcher' }, h('h2', {}, 'Open an app'),
+    h('ul', { class: 'launcher' }, withPages.map((i) => h('li', {},
+      h('a', { class: 'button', href: `#/apps/${i.installId}`, 'data-install': i.installId },
+        `Open ${i.appSlug}`), ' ', h('span', { class: 'muted' }, `version ${i.version}`)))));
 }
 
 const EVERY_CALLER = 'Every caller of this app in the workspace (apps, chat agents, relays, '
@@ -317,7 +328,7 @@ export async function toolView(main, { installId, tool: name }) {
       if (tool.effect === 'write' && !await confirmDialog(`Run ${tool.reference}?`,
         'This is a real run: it is metered, counts against the budget and makes real changes.', 'Run it')) return;
       try {
-        const run = await api('POST', `${path}/run`, { body: { input, surface: 'app' } });
+        const run = await api('POST', `${path}/run`, { body: { input, surface: 'test' } });
         append(result, [h('p', {}, statusBadge(run.status || 'pending'), ' ',
           run.durationMs !== undefined ? ms(run.durationMs) : '', ' ',
           run.runId ? runLink(run) : `waiting for approval ${run.approvalId}`),
@@ -329,7 +340,7 @@ export async function toolView(main, { installId, tool: name }) {
       }
     });
     append(main, [section('Test run', h('p', { class: 'muted' },
-      'A real run of the installed version (surface app), checked against the input schema first.'), form, result)]);
+      'A real run of the installed version (surface test), checked against the input schema first.'), form, result)]);
   }
   append(main, [
     section('Input', schemaBlock('Input schema', tool.inputSchema)),
