@@ -26,7 +26,16 @@ from conftest import AppDir, tool_doc
 from daemon import Daemon
 from inproc import InProcess
 from runnerd import limits
-from test_app_bridge import INPUT, TOOLS, Tab, _app, _apps_origin, _runs, browser  # noqa: F401
+from test_app_bridge import (  # noqa: F401 - fixtures, as pytest finds them
+    INPUT,
+    TOOLS,
+    Tab,
+    _app,
+    _apps_origin,
+    _runs,
+    browser,
+    signed_in,
+)  # fmt: skip
 
 pytest.importorskip("playwright.sync_api")
 
@@ -90,20 +99,6 @@ def installed(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> dict[
 
 
 @pytest.fixture
-def signed_in(browser: Any, daemon: Daemon) -> Iterator[Callable[..., Tab]]:  # noqa: F811
-    opened: list[Tab] = []
-
-    def make(key: str | None = None) -> Tab:
-        tab = Tab(browser, daemon, key or daemon.admin_key)
-        opened.append(tab)
-        return tab
-
-    yield make
-    for tab in opened:
-        tab.close(_apps_origin(daemon))
-
-
-@pytest.fixture
 def cli(daemon: Daemon) -> Iterator[Callable[..., Cli]]:
     started: list[Cli] = []
 
@@ -131,7 +126,7 @@ def _dev_pages(daemon: Daemon, install_id: str, key: str | None = None) -> httpx
 
 @pytest.mark.smoke
 def test_dev_pages_show_in_the_frame_reload_on_change_and_run_the_installed_tools(
-    signed_in: Callable[..., Tab],
+    signed_in: Callable[..., Tab],  # noqa: F811 - the fixture of test_app_bridge
     cli: Callable[..., Cli],
     daemon: Daemon,
     installed: dict[str, str],
@@ -180,7 +175,7 @@ def test_dev_pages_show_in_the_frame_reload_on_change_and_run_the_installed_tool
 
 
 def test_another_person_does_not_see_the_dev_pages(
-    signed_in: Callable[..., Tab],
+    signed_in: Callable[..., Tab],  # noqa: F811 - the fixture of test_app_bridge
     cli: Callable[..., Cli],
     daemon: Daemon,
     installed: dict[str, str],

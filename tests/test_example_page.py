@@ -5,14 +5,13 @@ through the bridge. A live daemon and Debian's chromium through Playwright.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
 from conftest import EXAMPLE, REPO
 from daemon import Daemon
-from test_app_bridge import Tab, _apps_origin, _runs, browser  # noqa: F401
+from test_app_bridge import Tab, _apps_origin, _runs, browser, signed_in  # noqa: F401
 
 pytest.importorskip("playwright.sync_api")
 
@@ -27,23 +26,10 @@ def test_the_pages_carry_the_sdks_frame_module_as_it_is() -> None:
     assert "pages: ./pages" in (EXAMPLE / "agentserve.app.yaml").read_text()
 
 
-@pytest.fixture
-def signed_in(browser: Any, daemon: Daemon) -> Iterator[Callable[..., Tab]]:  # noqa: F811
-    opened: list[Tab] = []
-
-    def make(key: str | None = None) -> Tab:
-        tab = Tab(browser, daemon, key or daemon.admin_key)
-        opened.append(tab)
-        return tab
-
-    yield make
-    for tab in opened:
-        tab.close(_apps_origin(daemon))
-
-
 @pytest.mark.smoke
 def test_the_example_page_scores_an_offer_through_the_bridge(
-    signed_in: Callable[..., Tab], daemon: Daemon
+    signed_in: Callable[..., Tab],  # noqa: F811 - the fixture of test_app_bridge
+    daemon: Daemon,
 ) -> None:
     install = daemon.ship(EXAMPLE)
     install_id = str(install["installId"])
