@@ -35,25 +35,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from runnerd import limits as L
-from runnerd.api.auth import caller_of, install_of
 from runnerd.api.bodies import Deleted
-from runnerd.api.frames import issue_frame_token
+from runnerd.api.frames import frame_caller, issue_frame_token
 from runnerd.api.ops import INSTALL_ID, Op, json_response
 from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
-from runnerd.errors import (
-    InsufficientRole,
-    InvalidBody,
-    NoDevPages,
-    PagesOff,
-    PersonalKeyRequired,
-)
-from runnerd.govern.admission import may_run
+from runnerd.errors import InvalidBody, NoDevPages
 from runnerd.ids import stamp
-from runnerd.store import InstallRecord
 from runnerd.upload.pages import content_type
 
 __all__ = ["OPS", "DevPages", "dev_page"]
+
+DEV_PAGES_ARE = "Dev pages are a person's"  # frame_caller's refusal of a token
 
 
 class DevPagesBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -148,24 +141,6 @@ def _checked(body: DevPagesBody) -> tuple[dict[str, tuple[bytes, str, str]], int
     return files, total
 
 
-async def _person_install(request: Request, state: AppState) -> tuple[InstallRecord, str, str]:
-    """The install of the path, the caller's user id and key id (a session's id)."""
-    caller = await caller_of(request, state, "api:read")
-    if caller.key.kind == "token":
-        raise PersonalKeyRequired(
-            "Dev pages are a person's: use a personal API key or the Manage page's session, "
-            "not a token"
-        )
-    user_id = caller.need_person()
-    install = await install_of(request, state, caller, "member")
-    store = state.store
-    if not may_run(await store.io(store.membership, install.workspace_id, user_id)):
-        raise InsufficientRole
-    if state.settings.apps_base is None:
-        raise PagesOff
-    return install, user_id, caller.key.id
-
-
 def _info(state: AppState, install_id: str, user_id: str, pages: DevPages) -> DevPagesInfo:
     base = state.settings.apps_base
     assert base is not None
@@ -183,7 +158,7 @@ def _info(state: AppState, install_id: str, user_id: str, pages: DevPages) -> De
 
 
 async def put_dev_pages(request: Request, state: AppState) -> Response:
-    install, user_id, key_id = await _person_install(request, state)
+    install, user_id, key_id, _ = await frame_caller(request, state, DEV_PAGES_ARE)
     body = await read_body(request, DevPagesBody, L.MAX_DEPLOY_BODY_BYTES)
     files, size = _checked(body)
     now = time.monotonic()
@@ -211,7 +186,7 @@ async def put_dev_pages(request: Request, state: AppState) -> Response:
 
 
 async def get_dev_pages(request: Request, state: AppState) -> Response:
-    install, user_id, _ = await _person_install(request, state)
+    install, user_id, _, _ = await frame_caller(request, state, DEV_PAGES_ARE)
     _drop_stale(time.monotonic())
     pages = _held.get((install.id, user_id))
     if pages is None:
@@ -220,7 +195,7 @@ async def get_dev_pages(request: Request, state: AppState) -> Response:
 
 
 async def delete_dev_pages(request: Request, state: AppState) -> Response:
-    install, user_id, _ = await _person_install(request, state)
+    install, user_id, _, _ = await frame_caller(request, state, DEV_PAGES_ARE)
     held = _held.pop((install.id, user_id), None)
     return json_response(Deleted(name="dev-pages", deleted=held is not None))
 

@@ -35,11 +35,13 @@ from runnerd.api.state import AppState
 from runnerd.errors import NoPages, PagesOff, PersonalKeyRequired
 from runnerd.ids import stamp
 from runnerd.limits import FRAME_TOKEN_TTL_S, MAX_FRAME_TOKEN_CHARS
+from runnerd.store import InstallRecord
 
 __all__ = [
     "FRAME_KEY_LABEL",
     "OPS",
     "drop_key",
+    "frame_caller",
     "issue_frame_token",
     "use_key",
     "verify_frame_token",
@@ -108,19 +110,30 @@ def verify_frame_token(token: str, *, now: float | None = None) -> tuple[str, st
     return install_id, user_id
 
 
-async def open_frame(request: Request, state: AppState) -> Response:
-    """A frame of the install's pages for the caller, audited as ``app.open``."""
+async def frame_caller(
+    request: Request, state: AppState, what: str
+) -> tuple[InstallRecord, str, str, str]:
+    """The install of the path, the caller's user id, key id (a session's id) and the
+    apps origin, for a person who may run the install's tools (a member or above, with
+    Apps access): who may open its frame, or serve dev pages in it (``what`` names
+    which, in the refusal of a token). 409 PAGES_OFF when the daemon serves no pages."""
     caller = await caller_of(request, state, "api:read")
     if caller.key.kind == "token":
         raise PersonalKeyRequired(
-            "An app's frame opens for a person: with the Manage page's session or a "
-            "personal API key, not a token"
+            f"{what} for a person: with the Manage page's session or a personal API key, "
+            "not a token"
         )
     user_id = caller.need_person()
-    install = await install_of(request, state, caller, "member")
+    install = await install_of(request, state, caller, "member")  # may_run, in effect
     base = state.settings.apps_base
     if base is None:
         raise PagesOff
+    return install, user_id, caller.key.id, base
+
+
+async def open_frame(request: Request, state: AppState) -> Response:
+    """A frame of the install's pages for the caller, audited as ``app.open``."""
+    install, user_id, key_id, base = await frame_caller(request, state, "An app's frame opens")
     store = state.store
     entry = await store.io(store.page_entry, install.version_id)
     if entry is None:
@@ -134,7 +147,7 @@ async def open_frame(request: Request, state: AppState) -> Response:
         install_id=install.id,
         version_id=install.version_id,
         actor_user_id=user_id,
-        actor_key_id=caller.key.id,
+        actor_key_id=key_id,
         detail={"expiresAt": expires_at},
     )
     return json_response(
