@@ -295,6 +295,12 @@ def test_a_signed_push_deploys_the_pushed_commit(daemon: Daemon, served: tuple[P
     again = post(daemon, hook, content=body, headers={"X-Hub-Signature-256": sign(secret, body)})
     assert again.status_code == 201, again.text
     assert again.json()["version"]["commit"] == second
+    # The same delivery again (a Git server's redelivery, or a replay of a captured one):
+    # the version it made, and no new one.
+    replay = post(daemon, hook, content=body, headers={"X-Hub-Signature-256": sign(secret, body)})
+    assert replay.status_code == 200 and replay.json()["deployed"] is False, replay.text
+    assert replay.json()["version"]["versionId"] == again.json()["version"]["versionId"]
+    assert "deployed already" in replay.json()["ignored"]
     for body, event in (
         (push_body("refs/heads/feature", second), "push"),
         (push_body("refs/heads/main", "0" * 40), "push"),

@@ -47,10 +47,10 @@ from runnerd.model import Bundle
 from runnerd.store import InstallRecord, Store, VersionRecord
 from runnerd.upload.deploy import check_upload
 
-__all__ = ["OPS", "store_version"]
+__all__ = ["OPS", "store_version", "version_info"]
 
 
-def _version_info(store: Store, v: VersionRecord) -> VersionInfo:
+def version_info(store: Store, v: VersionRecord) -> VersionInfo:
     return VersionInfo(
         app_id=v.app_id,
         app_slug=v.app_slug,
@@ -126,7 +126,7 @@ async def store_version(
 
     version = await asyncio.to_thread(store)
     warnings = [Problem(file=w.file, message=w.message, line=w.line) for w in bundle.warnings]
-    return await state.store.io(_version_info, state.store, version), warnings
+    return await state.store.io(version_info, state.store, version), warnings
 
 
 async def deploy(request: Request, state: AppState) -> Response:
@@ -174,7 +174,7 @@ def _app_infos(store: Store, workspace_id: str) -> list[AppInfo]:
             name=a.name,
             workspace_id=a.workspace_id,
             versions=[
-                _version_info(store, v)
+                version_info(store, v)
                 for v in store.list_versions(a.id)
                 if a.workspace_id == workspace_id or store.published_at(v.id)
             ],
@@ -201,7 +201,7 @@ async def publish(request: Request, state: AppState) -> Response:
         workspace_id=workspace_id,
         key_id=caller.key.id,
     )
-    return json_response(await state.store.io(_version_info, state.store, version))
+    return json_response(await state.store.io(version_info, state.store, version))
 
 
 async def list_installs(request: Request, state: AppState) -> Response:

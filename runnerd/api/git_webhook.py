@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from runnerd import limits as L
-from runnerd.api.apps import store_version
+from runnerd.api.apps import version_info, store_version
 from runnerd.api.auth import workspace_admin
 from runnerd.api.bodies import (
     GitDeployBody,
@@ -221,8 +221,20 @@ async def push(request: Request, state: AppState) -> Response:
     if not ref_matches(row.ref_pattern, pushed.ref):
         why = f"{pushed.ref} is not a ref this Git deploy follows ({row.ref_pattern})"
         return json_response(GitPushResult(deployed=False, ignored=why))
-    settings, machine = state.settings, state.machine
     commit = pushed.after
+    return await _deploy_push(state, row, workspace_id, commit, pushed.ref)
+
+
+async def _deploy_push(
+    state: AppState, row: GitDeployRow, workspace_id: str, commit: str, ref: str
+) -> Response:
+    store = state.store
+    done = await store.io(store.version_of_commit, row.app_slug, commit)
+    if done is not None:  # a redelivery, a replay, or a branch moved back: no new version
+        info = await store.io(version_info, store, done)
+        why = f"{commit[:12]} is deployed already, as version {done.version}"
+        return json_response(GitPushResult(deployed=False, version=info, ignored=why))
+    settings, machine = state.settings, state.machine
 
     def check() -> Bundle:
         got = read_git_app(
@@ -249,7 +261,7 @@ async def push(request: Request, state: AppState) -> Response:
     bundle = await asyncio.to_thread(check)
     info, warnings = await store_version(
         state, bundle, workspace_id=workspace_id, user_id=None, key_id=None,
-        git=(commit, pushed.ref),
+        git=(commit, ref),
     )  # fmt: skip
     return json_response(GitPushResult(deployed=True, version=info, warnings=warnings), 201)
 
@@ -309,7 +321,8 @@ OPS = [
         "keyed with the Git deploy's secret>; 401 when missing or wrong, or no Git deploy "
         "is set, and nothing changes. Reads ref and after (the pushed commit); a ref the "
         "Git deploy does not follow, a deleted branch or a ping answers 200 deployed: "
-        "false. Otherwise the commit of the configured repository is fetched and deployed "
-        "(201, the version with its commit and ref).",
+        "false, and so does a commit the app has a version of already (a redelivery or a "
+        "replay: that version, no new one). Otherwise the commit of the configured "
+        "repository is fetched and deployed (201, the version with its commit and ref).",
     ),
 ]

@@ -146,6 +146,15 @@ class AppsStore(AuditStore):
     def list_apps(self) -> list[AppRecord]:
         return [_app_record(r) for r in self.db.query("SELECT * FROM apps ORDER BY slug")]
 
+    def version_of_commit(self, slug: str, commit: str) -> VersionRecord | None:
+        """The newest version of the app ``slug`` deployed from Git ``commit``, if any."""
+        row = self.db.execute(
+            "SELECT v.id FROM app_versions v JOIN apps a ON a.id = v.app_id "
+            "WHERE a.slug = ? AND v.git_commit = ? ORDER BY v.seq DESC LIMIT 1",
+            [slug, commit],
+        ).fetchone()
+        return self.get_version(row[0]) if row else None
+
     def find_version(self, app_id: str, version: str) -> VersionRecord | None:
         row = self.db.execute(
             "SELECT id FROM app_versions WHERE app_id = ? AND version = ?", [app_id, version]
