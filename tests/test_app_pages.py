@@ -311,6 +311,10 @@ def test_tool_files_and_sources_cannot_be_pages(daemon: Daemon, tmp_path: Path) 
         manifest.replace("tools: ./tools/*", "tools:\n  - ./tools/*\n  - ./web/app.js")
     )
     _refused(daemon, app, "leaky", "web/app.js")
+    # A copy of the manifest in the pages folder (it names the tools and their secrets).
+    app = pages_app(tmp_path / "m", slug="leaky")
+    (app / "web" / "agentserve.app.yaml").write_text((app / "agentserve.app.yaml").read_text())
+    _refused(daemon, app, "leaky", "web/agentserve.app.yaml")
     # The app folder itself, or a folder outside it, is no pages folder.
     for pages in (".", "./", "../elsewhere", "/etc"):
         app = pages_app(tmp_path / f"d{len(pages)}{pages.count('.')}", slug="leaky", pages=pages)

@@ -314,7 +314,7 @@ def test_a_signed_push_deploys_the_pushed_commit(daemon: Daemon, served: tuple[P
     # A pushed commit the repository does not have: an error naming the ref, nothing stored.
     body = push_body("refs/heads/main", "ab" * 20)
     missing = post(daemon, hook, content=body, headers={"X-Hub-Signature-256": sign(secret, body)})
-    assert envelope(missing, 400, "GIT_SOURCE_INVALID")["details"]["field"] == "ref"
+    assert envelope(missing, 400, "GIT_SOURCE_INVALID")["details"]["field"] == "after"
     assert len(versions(daemon, "git-hook")) == 2
 
     # The list never shows the secret; a new secret retires the old one.

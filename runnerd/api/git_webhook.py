@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import logging
 import re
 from urllib.parse import quote, urlsplit
 
@@ -22,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from runnerd import limits as L
-from runnerd.api.apps import version_info, store_version
+from runnerd.api.apps import store_version, version_info
 from runnerd.api.auth import workspace_admin
 from runnerd.api.bodies import (
     GitDeployBody,
@@ -52,6 +53,8 @@ from runnerd.upload.deploy import check_upload
 from runnerd.upload.git import clean_subdir, is_local, read_git_app, ref_matches
 
 __all__ = ["OPS"]
+
+_log = logging.getLogger("runnerd")
 
 MAX_PUSH_BODY_BYTES = L.MAX_PUSH_BODY_BYTES
 _OBJECT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
@@ -258,7 +261,19 @@ async def _deploy_push(
         return bundle
 
     # Fetching, reading, compiling and checking: off the event loop.
-    bundle = await asyncio.to_thread(check)
+    try:
+        bundle = await asyncio.to_thread(check)
+    except GitSourceInvalid as exc:
+        # The commit is the body's after, not a ref the Git deploy names.
+        field = "after" if exc.field == "ref" else exc.field
+        _log.warning("git push of %s/%s at %s: %s", workspace_id, row.app_slug, commit[:12], exc)
+        raise GitSourceInvalid(field, str(exc)) from None
+    except BundleRejected as exc:
+        _log.warning(
+            "git push of %s/%s at %s refused: %s",
+            workspace_id, row.app_slug, commit[:12], "; ".join(str(p) for p in exc.problems[:5]),
+        )  # fmt: skip
+        raise
     info, warnings = await store_version(
         state, bundle, workspace_id=workspace_id, user_id=None, key_id=None,
         git=(commit, ref),

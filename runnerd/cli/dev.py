@@ -31,7 +31,7 @@ from runnerd.cli.http import ApiClient
 from runnerd.cli.output import printable
 from runnerd.errors import ApiFailure, BundleRejected
 from runnerd.model import Problem
-from runnerd.upload.pages import check_pages, clean_folder, folder_problem
+from runnerd.upload.pages import check_pages, clean_folder, folder_problem, not_pages_of
 from runnerd.upload.walk import match_globs, read_app_dir, read_manifest
 from runnerd.upload.yamlfile import load_yaml
 
@@ -88,12 +88,7 @@ def read_dev_pages(root: Path, doc: dict[str, Any]) -> tuple[dict[str, bytes], l
         (globs,) if isinstance(globs, str) else tuple(g for g in globs or () if isinstance(g, str))
     )
     named = match_globs(tools, [p for p in files if p != L.MANIFEST_NAME])
-    tool_files = [p for p in named if p.endswith(L.TOOL_SUFFIX)]
-    stems = {p[: -len(L.TOOL_SUFFIX)] for p in tool_files}
-    not_pages = {p: "named by the manifest's tools globs" for p in named}
-    not_pages.update({p: "a tool file" for p in tool_files})
-    not_pages.update({s + ext: "a tool's source" for s in stems for ext in L.SOURCE_LANGUAGES})
-    not_pages[L.MANIFEST_NAME] = "the manifest"
+    not_pages = not_pages_of(named, [p for p in named if p.endswith(L.TOOL_SUFFIX)])
     problems: list[Problem] = []
     entry = doc.get("entry")
     pages = check_pages(

@@ -24,7 +24,7 @@ from runnerd.model import Bundle, Manifest, Page, Problem, Tool
 from runnerd.run.addresses import never_refusal
 from runnerd.run.toolchain import Toolchain
 from runnerd.upload.code import SourceFile, check_code
-from runnerd.upload.pages import check_pages, folder_problem
+from runnerd.upload.pages import check_pages, folder_problem, not_pages_of
 from runnerd.upload.tool_file import load_tool
 from runnerd.upload.walk import glob_problem, match_globs, path_problems
 from runnerd.upload.yamlfile import (
@@ -177,10 +177,7 @@ def load_bundle(files: Mapping[str, bytes], *, toolchain: Toolchain | None) -> B
 
     pages: tuple[Page, ...] = ()
     if manifest.pages is not None:
-        not_pages = {p: "named by the manifest's tools globs" for p in named}
-        not_pages.update({p: "a tool file" for p in tool_files})
-        not_pages.update({s + ext: "a tool's source" for s in stems for ext in L.SOURCE_LANGUAGES})
-        not_pages[L.MANIFEST_NAME] = "the manifest"
+        not_pages = not_pages_of(named, tool_files)
         pages = check_pages(manifest.pages, manifest.entry, files, not_pages, problems)
 
     drafts = [d for p in tool_files if (d := load_tool(p, files, problems)) is not None]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from runnerd import limits as L
@@ -26,6 +26,7 @@ __all__ = [
     "clean_folder",
     "content_type",
     "folder_problem",
+    "not_pages_of",
     "read_pages",
 ]
 
@@ -184,6 +185,18 @@ def read_pages(root: Path, value: str) -> tuple[dict[str, bytes], list[Problem]]
 # --- Checking them in a bundle --------------------------------------------------------------
 
 
+def not_pages_of(named: Iterable[str], tool_files: Iterable[str]) -> dict[str, str]:
+    """The paths of a bundle that may never be pages, each with what it is: what the
+    ``tools`` globs name (``named``), the tool files and their sources, the manifest."""
+    tool_files = list(tool_files)
+    stems = {p[: -len(L.TOOL_SUFFIX)] for p in tool_files}
+    not_pages = {p: "named by the manifest's tools globs" for p in named}
+    not_pages.update({p: "a tool file" for p in tool_files})
+    not_pages.update({s + ext: "a tool's source" for s in stems for ext in L.SOURCE_LANGUAGES})
+    not_pages[L.MANIFEST_NAME] = "the manifest"
+    return not_pages
+
+
 def check_pages(
     folder_value: str,
     entry: str | None,
@@ -213,6 +226,8 @@ def check_pages(
         what = not_pages.get(path)
         if what is None and path.endswith(L.TOOL_SUFFIX):
             what = "a tool file"
+        if what is None and posixpath.basename(path) == L.MANIFEST_NAME:
+            what = "a manifest (a copy of one is not a page either)"
         if what is not None:
             problems.append(
                 Problem(
