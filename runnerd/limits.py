@@ -50,10 +50,10 @@ MAX_PAGE_FILES: Final = 1_000  # page files of a version (within MAX_BUNDLE_FILE
 DEFAULT_PAGE_ENTRY: Final = "index.html"  # the page a frame opens when ``entry`` is absent
 DEV_PAGES_TTL_S: Final = 3600  # runnerd: dev pages (runnerd app dev) held after the last PUT
 # runnerd: `runnerd app dev` looks at the pages folder this often, and PUTs the pages again
-# this often, changed or not (well within their time on the node).
+# this often, changed or not (well within their time in the store).
 DEV_POLL_S: Final = 0.3
 DEV_REFRESH_S: Final = DEV_PAGES_TTL_S / 4
-DEV_PAGES_MAX_BYTES: Final = 64 * MB  # runnerd: every person's dev pages one node holds
+DEV_PAGES_MAX_BYTES: Final = 64 * MB  # runnerd: every person's dev pages the store holds
 
 # Source extensions and the language each one is.
 SOURCE_LANGUAGES: Final[dict[str, Language]] = {
@@ -400,3 +400,4 @@ GIT_TREE_CAP_BYTES: Final = 4 * MAX_DEPLOY_BODY_BYTES  # runnerd: the app folder
 GIT_TIMEOUT_S: Final = 120.0  # runnerd: one git step (fetch, ls-tree, cat-file) at most
 # runnerd: a push event's body: GitHub's carries up to 20 commits with their file lists.
 MAX_PUSH_BODY_BYTES: Final = 4 * MB
+PUSH_BODY_TIMEOUT_S: Final = 10.0  # runnerd: a signed push's whole body arrives within it (408)

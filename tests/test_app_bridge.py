@@ -310,6 +310,13 @@ def test_the_frame_cannot_read_cookies_reach_the_api_or_run_another_apps_tools(
     assert listed["error"]["code"] == "OTHER_APP_REFUSED"
     bad = frame.evaluate(RAW, {"runnerd": 1, "id": 9200, "method": "deleteApp", "params": {}})
     assert bad["error"]["code"] == "BAD_MESSAGE"
+    # A name a URL would read as another path ('..', '.', an encoded slash): no request.
+    for n, name in enumerate(["..", ".", "bridge-demo/..", "echo%2f..", "Echo", "echo/"]):
+        answer = frame.evaluate(
+            RAW, {"runnerd": 1, "id": 9300 + n, "method": "runTool",
+                  "params": {"name": name, "input": {}}},
+        )  # fmt: skip
+        assert answer["error"]["code"] in ("BAD_MESSAGE", "OTHER_APP_REFUSED"), (name, answer)
     assert _runs(daemon, apps["other"]) == before
     # The frame's own token does not prove a frame of another install to the API.
     token = urlsplit(frame.url).path.split("/")[2]
@@ -319,6 +326,39 @@ def test_the_frame_cannot_read_cookies_reach_the_api_or_run_another_apps_tools(
     )  # fmt: skip
     assert forged.status_code == 403, forged.text
     assert _runs(daemon, apps["other"]) == before
+
+
+def test_a_page_opened_on_its_own_is_refused_and_could_set_no_cookie(
+    signed_in: Callable[..., Tab], daemon: Daemon, apps: dict[str, str]
+) -> None:
+    """A link to a frame's page, opened as a window of its own (where a page would have a
+    real origin, and could toss a session cookie onto the Manage page's host): refused;
+    and a page served anyway (a client sending no Sec-Fetch-Dest) is sandboxed by its
+    CSP, so its document has an opaque origin and no cookie jar."""
+    tab = signed_in()
+    frame = tab.open_app("bridge-demo")
+    url = frame.url
+    [session] = [c for c in tab.context.cookies() if c["name"] == "runnerd_session"]
+    window = tab.context.new_page()
+    opened = window.goto(url)
+    assert opened is not None and opened.status == 403
+    assert "opens in its frame on the Manage page" in window.inner_text("body")
+    window.close()
+    # Served without Sec-Fetch-Dest, the page's CSP still sandboxes it.
+    served = httpx.get(url, timeout=10)
+    assert served.status_code == 200, served.text
+    assert "sandbox allow-scripts allow-forms" in served.headers["content-security-policy"]
+    # The session cookie is the Manage page's own still, and the frame set none.
+    [after] = [c for c in tab.context.cookies() if c["name"] == "runnerd_session"]
+    assert after["value"] == session["value"]
+    tossed = frame.evaluate(
+        "() => { try { document.cookie = 'runnerd_session=tossed; path=/'; return document.cookie; }"
+        " catch (e) { return 'threw ' + e.name; } }"
+    )
+    assert "tossed" not in tossed
+    assert [c["value"] for c in tab.context.cookies() if c["name"] == "runnerd_session"] == [
+        session["value"]
+    ]
 
 
 def test_another_window_cannot_use_the_bridge(

@@ -304,7 +304,8 @@ def test_tool_files_and_sources_cannot_be_pages(daemon: Daemon, tmp_path: Path) 
     # A tool file in the pages folder, and a file the tools globs name.
     app = pages_app(tmp_path / "b", slug="leaky")
     (app / "web" / "extra.tool.yaml").write_text("name: extra\n")
-    _refused(daemon, app, "leaky", "web/extra.tool.yaml")
+    (app / "web" / "Other.TOOL.YAML").write_text("name: other\n")
+    _refused(daemon, app, "leaky", "web/Other.TOOL.YAML", "web/extra.tool.yaml")
     app = pages_app(tmp_path / "c", slug="leaky")
     manifest = (app / "agentserve.app.yaml").read_text()
     (app / "agentserve.app.yaml").write_text(
@@ -387,7 +388,7 @@ def test_the_apps_origin_settings() -> None:
     assert load_settings(env=proxied).apps_base == "https://apps.example.com"
     # Framed by the Manage page's origin only, whatever path public_url has.
     behind = load_settings(env={**proxied, "RUNNERD_PUBLIC_URL": "https://r.example.com/x/"})
-    assert page_csp(behind).endswith("frame-ancestors https://r.example.com")
+    assert "frame-ancestors https://r.example.com;" in page_csp(behind)
     for bad in (
         {"RUNNERD_APPS_PORT": "9000"},
         {"RUNNERD_APPS_PORT": "70000"},

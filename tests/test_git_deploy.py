@@ -25,6 +25,7 @@ import pytest
 
 from conftest import run_cli, write_app
 from daemon import Daemon, envelope, free_port
+from runnerd import limits
 from runnerd.errors import GitSourceInvalid
 from runnerd.upload.git import read_git_app, ref_matches
 from runnerd.upload.walk import read_app_dir
@@ -349,6 +350,11 @@ def test_a_git_deploy_names_the_bad_field(daemon: Daemon) -> None:
     listed = daemon.call("GET", f"/api/v2/workspaces/{daemon.workspace_id}/git-deploys",
                          daemon.admin_key).json()["data"]  # fmt: skip
     assert all(g["appSlug"] != "git-fields" for g in listed)
+    # A scheme in capitals is the scheme: kept as the daemon fetches it.
+    upper = daemon.call(
+        "PUT", path, daemon.admin_key, json={"repository": "HTTPS://example.com/x.git"}
+    )
+    assert upper.status_code == 200 and upper.json()["repository"] == "https://example.com/x.git"
 
 
 def test_a_push_whose_manifest_is_another_app_is_refused(
@@ -403,3 +409,58 @@ def test_a_git_deploys_secret_outlives_a_secrets_key_rotation(
                   content=body, headers={"X-Hub-Signature-256": sign(secret, body)})  # fmt: skip
     assert answer.status_code == 201, answer.text
     assert answer.json()["version"]["commit"] == commit
+
+
+def _raw_push(d: Daemon, path: str, head: dict[str, str], first: bytes) -> tuple[bytes, float]:
+    """A push whose head says 1,000 bytes of body and whose body stops after ``first``:
+    what the daemon answers, and after how long."""
+    lines = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{d.port}", "Content-Length: 1000",
+             "Content-Type: application/json", *(f"{k}: {v}" for k, v in head.items())]  # fmt: skip
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", d.port), timeout=30) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + first)
+        answer = sock.recv(65536)
+        took = time.monotonic() - started
+        head, _, body = answer.partition(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                      if line.startswith(b"content-length:"))  # fmt: skip
+        while len(body) < length and (more := sock.recv(65536)):
+            body += more
+    return head + b"\r\n\r\n" + body, took
+
+
+def test_a_push_is_refused_before_its_body_and_cut_when_it_drips(daemon: Daemon) -> None:
+    ws = daemon.workspace_id
+    made = daemon.call("PUT", f"/api/v2/workspaces/{ws}/git-deploys/drip", daemon.admin_key,
+                       json={"repository": "http://127.0.0.1:9/none.git"})  # fmt: skip
+    assert made.status_code == 200, made.text
+    hook = f"/api/v2/apps/drip/git-webhook?workspaceId={ws}"
+    # No signature, or no Git deploy: 401 at once, the body never read.
+    for path, head in (
+        (hook, {}),
+        (hook.replace("/drip/", "/nodeploy/"), {"X-Hub-Signature-256": "sha256=00"}),
+    ):
+        answer, took = _raw_push(daemon, path, head, b"{")
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        assert took < 5, took
+    # Signed, but the body drips (one byte, then nothing): cut at PUSH_BODY_TIMEOUT_S.
+    answer, took = _raw_push(daemon, hook, {"X-Hub-Signature-256": "sha256=00"}, b"{")
+    assert answer.startswith(b"HTTP/1.1 400") and b'"REQUEST_TIMEOUT"' in answer, answer
+    assert limits.PUSH_BODY_TIMEOUT_S - 1 < took < limits.PUSH_BODY_TIMEOUT_S + 10, took
+
+
+def test_no_git_deploy_of_another_workspaces_app(daemon: Daemon, tmp_path: Path) -> None:
+    """An admin of another workspace cannot set a Git deploy for an app this workspace
+    owns (its webhook would answer that app's versions by commit)."""
+    daemon.ship(write_app(tmp_path / "owned", "owned-app", {"echo": "def run(i):\n    return i\n"}))
+    store = daemon.store()
+    try:
+        rival = store.create_workspace("Rival").id
+    finally:
+        store.close()
+    eve = daemon.person("eve-rival@example.com", role="admin", workspace_id=rival)
+    refused = daemon.call("PUT", f"/api/v2/workspaces/{rival}/git-deploys/owned-app", eve,
+                          json={"repository": "http://127.0.0.1:9/owned.git"})  # fmt: skip
+    envelope(refused, 403, "APP_OWNED_BY_ANOTHER_WORKSPACE")
+    listed = daemon.call("GET", f"/api/v2/workspaces/{rival}/git-deploys", eve)
+    assert listed.json()["data"] == []

@@ -2,13 +2,17 @@
 while its tools run as installed (issue 26, ``runnerd app dev DIR``).
 
 ``PUT /api/v2/apps/installs/{installId}/dev-pages`` (a person's session or personal key,
-not a token; a member with Apps access to the install) holds the body's page files
-``{"entry", "files": {path: base64}}`` in THIS node's memory, for that person and that
-install only, replacing what they held before: they are never written to the store or to
-disk, never served to anyone else, and dropped an hour after the last PUT
-(DEV_PAGES_TTL_S), when the person DELETEs them (the CLI does, when it stops), or when the
-node restarts. The node holds at most DEV_PAGES_MAX_BYTES of them together: past that the
-oldest person's are dropped.
+not a token; a member with Apps access to the install) keeps the body's page files
+``{"entry", "files": {path: base64}}`` in the store (store/dev_pages.py), for that person
+and that install only, replacing what they held before in one transaction (the revision
+counts the PUTs): so every node of a cluster answers ``GET`` and serves the frame's pages,
+whichever node took the PUT. They are a developer's page files, not secrets, but they
+are never listed or served to anyone else, and they are dropped an hour after the last
+PUT (DEV_PAGES_TTL_S, on the database's clock: never served past it, deleted by the next
+PUT), when the person DELETEs them (the CLI does, when it stops), or with the install. A
+node's restart keeps them. The store holds at most DEV_PAGES_MAX_BYTES of them together,
+every node's: past that the oldest person's are dropped. ``runnerd admin copy`` does not
+copy them (store/copy.py).
 
 The apps origin (daemon/apps_origin.py) serves them at ``<apps_url>/d/<token>/<path>``,
 with the same CSP, headers and checks as a deployed page, to a frame token of that
@@ -26,8 +30,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import msgspec
@@ -42,9 +44,10 @@ from runnerd.api.reading import read_body
 from runnerd.api.state import AppState
 from runnerd.errors import InvalidBody, NoDevPages
 from runnerd.ids import stamp
+from runnerd.store import DevPagesRow
 from runnerd.upload.pages import content_type
 
-__all__ = ["OPS", "DevPages", "dev_page"]
+__all__ = ["OPS"]
 
 DEV_PAGES_ARE = "Dev pages are a person's"  # frame_caller's refusal of a token
 
@@ -70,37 +73,6 @@ class DevPagesInfo(msgspec.Struct, rename="camel"):
     manage_url: str  # <public_url>/#/apps/<installId>?dev=1
 
 
-@dataclass
-class DevPages:
-    """One person's dev pages of one install, in this node's memory."""
-
-    entry: str
-    files: dict[str, tuple[bytes, str, str]]  # path -> content, content type, sha256
-    revision: int
-    size: int
-    updated: float = field(default_factory=time.monotonic)
-
-
-# (install id, user id) -> their dev pages. The apps origin of this process reads it.
-_held: dict[tuple[str, str], DevPages] = {}
-
-
-def _drop_stale(now: float) -> None:
-    for key, pages in list(_held.items()):
-        if now - pages.updated > L.DEV_PAGES_TTL_S:
-            del _held[key]
-
-
-def dev_page(install_id: str, user_id: str, path: str | None) -> tuple[bytes, str, str] | None:
-    """(content, content type, sha256) of the dev page ``path`` (None: the entry) that
-    ``user_id`` holds for ``install_id`` on this node; None when they hold none, or no
-    such file."""
-    pages = _held.get((install_id, user_id))
-    if pages is None or time.monotonic() - pages.updated > L.DEV_PAGES_TTL_S:
-        return None
-    return pages.files.get(pages.entry if path is None else path)
-
-
 def _path_problem(path: str) -> str | None:
     if not path or len(path) > L.MAX_PATH_CHARS:
         return "is not a file path"
@@ -113,7 +85,7 @@ def _path_problem(path: str) -> str | None:
     return None
 
 
-def _checked(body: DevPagesBody) -> tuple[dict[str, tuple[bytes, str, str]], int]:
+def _checked(body: DevPagesBody) -> dict[str, tuple[bytes, str, str]]:
     if len(body.files) > L.MAX_PAGE_FILES:
         raise InvalidBody(f"files: at most {L.MAX_PAGE_FILES:,} page files")
     files: dict[str, tuple[bytes, str, str]] = {}
@@ -138,10 +110,10 @@ def _checked(body: DevPagesBody) -> tuple[dict[str, tuple[bytes, str, str]], int
         )
     if _path_problem(body.entry) is not None or body.entry not in files:
         raise InvalidBody(f"entry: {body.entry[:200]!r} is not among the files")
-    return files, total
+    return files
 
 
-def _info(state: AppState, install_id: str, user_id: str, pages: DevPages) -> DevPagesInfo:
+def _info(state: AppState, install_id: str, user_id: str, pages: DevPagesRow) -> DevPagesInfo:
     base = state.settings.apps_base
     assert base is not None
     token, expires = issue_frame_token(state.frame_key, install_id, user_id)
@@ -151,7 +123,7 @@ def _info(state: AppState, install_id: str, user_id: str, pages: DevPages) -> De
         token=token,
         expires_at=stamp(datetime.fromtimestamp(expires, UTC)),
         revision=pages.revision,
-        files=len(pages.files),
+        files=pages.files,
         bytes=pages.size,
         manage_url=f"{state.settings.public_base}/#/apps/{install_id}?dev=1",
     )
@@ -160,18 +132,18 @@ def _info(state: AppState, install_id: str, user_id: str, pages: DevPages) -> De
 async def put_dev_pages(request: Request, state: AppState) -> Response:
     install, user_id, key_id, _ = await frame_caller(request, state, DEV_PAGES_ARE)
     body = await read_body(request, DevPagesBody, L.MAX_DEPLOY_BODY_BYTES)
-    files, size = _checked(body)
-    now = time.monotonic()
-    _drop_stale(now)
-    key = (install.id, user_id)
-    before = _held.pop(key, None)
-    while _held and sum(p.size for p in _held.values()) + size > L.DEV_PAGES_MAX_BYTES:
-        oldest = min(_held, key=lambda k: _held[k].updated)
-        del _held[oldest]
-    pages = DevPages(body.entry, files, (before.revision if before else 0) + 1, size, now)
-    _held[key] = pages
-    if before is None:
-        store = state.store
+    files = _checked(body)
+    store = state.store
+    pages = await store.io(
+        store.put_dev_pages,
+        install.id,
+        user_id,
+        body.entry,
+        files,
+        ttl_s=L.DEV_PAGES_TTL_S,
+        max_bytes=L.DEV_PAGES_MAX_BYTES,
+    )
+    if pages.revision == 1:  # none were held: the first PUT of a `runnerd app dev`
         await store.io(
             store.audit,
             "app.dev",
@@ -180,15 +152,15 @@ async def put_dev_pages(request: Request, state: AppState) -> Response:
             version_id=install.version_id,
             actor_user_id=user_id,
             actor_key_id=key_id,
-            detail={"files": len(files), "bytes": size},
+            detail={"files": pages.files, "bytes": pages.size},
         )
     return json_response(_info(state, install.id, user_id, pages))
 
 
 async def get_dev_pages(request: Request, state: AppState) -> Response:
     install, user_id, _, _ = await frame_caller(request, state, DEV_PAGES_ARE)
-    _drop_stale(time.monotonic())
-    pages = _held.get((install.id, user_id))
+    store = state.store
+    pages = await store.io(store.dev_pages, install.id, user_id, ttl_s=L.DEV_PAGES_TTL_S)
     if pages is None:
         raise NoDevPages
     return json_response(_info(state, install.id, user_id, pages))
@@ -196,16 +168,17 @@ async def get_dev_pages(request: Request, state: AppState) -> Response:
 
 async def delete_dev_pages(request: Request, state: AppState) -> Response:
     install, user_id, _, _ = await frame_caller(request, state, DEV_PAGES_ARE)
-    held = _held.pop((install.id, user_id), None)
-    return json_response(Deleted(name="dev-pages", deleted=held is not None))
+    store = state.store
+    held = await store.io(store.drop_dev_pages, install.id, user_id)
+    return json_response(Deleted(name="dev-pages", deleted=held))
 
 
 _ABOUT = (
-    "A person's pages from their own machine (runnerd app dev), held in this node's memory "
-    "for them and this install only (never stored, never served to anyone else, dropped an "
-    "hour after the last PUT), served on the apps origin at <apps_url>/d/<token>/<path> "
-    "with a deployed page's CSP. Their frame's bridge calls run the installed version's "
-    "tools, as surface app."
+    "A person's pages from their own machine (runnerd app dev), kept in the store for them "
+    "and this install only, so every node serves them (never listed or served to anyone "
+    "else, dropped an hour after the last PUT), on the apps origin at "
+    "<apps_url>/d/<token>/<path> with a deployed page's CSP. Their frame's bridge calls run "
+    "the installed version's tools, as surface app."
 )
 
 OPS = [
@@ -219,19 +192,19 @@ OPS = [
         body=DevPagesBody,
         params=(INSTALL_ID,),
         errors=(400, 401, 403, 404, 409, 415, 429, 500),
-        description=_ABOUT + " The body replaces what you held; audited as app.dev when "
-        "none was held. 409 PAGES_OFF when apps_port is 0.",
+        description=_ABOUT + " The body replaces what you held, in one transaction; audited "
+        "as app.dev when none was held. 409 PAGES_OFF when apps_port is 0.",
     ),
     Op(
         "GET",
         "/api/v2/apps/installs/{installId}/dev-pages",
         "getDevPages",
-        "Your dev pages of the install on this node: the frame's URL and revision",
+        "Your dev pages of the install: the frame's URL and revision",
         get_dev_pages,
         DevPagesInfo,
         params=(INSTALL_ID,),
         errors=(401, 403, 404, 409, 429, 500),
-        description=_ABOUT + " 404 NO_DEV_PAGES when you hold none on this node.",
+        description=_ABOUT + " 404 NO_DEV_PAGES when you hold none.",
     ),
     Op(
         "DELETE",

@@ -24,6 +24,7 @@ import hmac
 import secrets
 import time
 from datetime import UTC, datetime
+from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -151,7 +152,9 @@ async def open_frame(request: Request, state: AppState) -> Response:
         detail={"expiresAt": expires_at},
     )
     return json_response(
-        FrameInfo(url=f"{base}/f/{token}/{entry}", origin=base, token=token, expires_at=expires_at),
+        FrameInfo(
+            url=f"{base}/f/{token}/{quote(entry)}", origin=base, token=token, expires_at=expires_at
+        ),
         status=201,
     )
 

@@ -42,8 +42,10 @@ from runnerd.errors import (
     GitDeployNotFound,
     GitSourceInvalid,
     InvalidBody,
+    RequestTimeout,
     WebhookSignatureInvalid,
 )
+from runnerd.govern.apps import check_owner
 from runnerd.govern.notify import new_webhook_secret
 from runnerd.limits import MANIFEST_NAME, MAX_SLUG_CHARS, MAX_SMALL_BODY_BYTES
 from runnerd.model import Bundle, Problem
@@ -89,7 +91,10 @@ def _repository(url: str, state: AppState) -> str:
         if not state.settings.git_deploy_allow_local:
             raise GitSourceInvalid(
                 "repository",
-                "a local path or file:// repository needs the setting git_deploy_allow_local",
+                "a local path or file:// repository needs the setting git_deploy_allow_local: "
+                "git_deploy_allow_local = true in the daemon's config file (runnerd.toml), or "
+                "RUNNERD_GIT_DEPLOY_ALLOW_LOCAL=1 in its environment, then restart it; or "
+                "serve the repository with git daemon on 127.0.0.1 and give its git:// URL",
             )
         return url
     parts = urlsplit(url)
@@ -103,7 +108,7 @@ def _repository(url: str, state: AppState) -> str:
             "a repository URL carries no user or password (it is shown and audited); "
             "the daemon fetches repositories it can read without credentials",
         )
-    return url
+    return parts.geturl()  # the scheme in lower case (HTTPS:// is https://)
 
 
 def _ref_pattern(ref: str) -> str:
@@ -126,6 +131,9 @@ async def put_git_deploy(request: Request, state: AppState) -> Response:
     ref = _ref_pattern(body.ref)
     path = clean_subdir(body.path)
     store = state.store
+    app = await store.io(store.get_app, slug)
+    if app is not None:
+        check_owner(app, workspace_id)  # another workspace's app: none of its deploys
     current = await store.io(store.git_deploy, workspace_id, slug)
     secret = new_webhook_secret() if current is None or body.new_secret else None
     sealed = (
@@ -180,14 +188,18 @@ class _Push(msgspec.Struct):
 async def _signed_body(request: Request, state: AppState, row: GitDeployRow | None) -> bytes:
     """The request's body when its X-Hub-Signature-256 signs it with the Git deploy's
     secret; WebhookSignatureInvalid (401) when it does not, or there is no Git deploy."""
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > MAX_PUSH_BODY_BYTES:
-            raise BodyTooLarge(MAX_PUSH_BODY_BYTES)
     given = request.headers.get("x-hub-signature-256", "")
     if row is None or not given.startswith("sha256="):
-        raise WebhookSignatureInvalid
+        raise WebhookSignatureInvalid  # before a byte of the body is read
+    data = bytearray()
+    try:
+        async with asyncio.timeout(L.PUSH_BODY_TIMEOUT_S):  # a drip-fed body: cut short
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > MAX_PUSH_BODY_BYTES:
+                    raise BodyTooLarge(MAX_PUSH_BODY_BYTES)
+    except TimeoutError:
+        raise RequestTimeout from None
     secret = state.governor.vault.open(
         row.workspace_id,
         git_deploy_sealed_name(row.workspace_id, row.app_slug),
@@ -232,7 +244,7 @@ async def _deploy_push(
     state: AppState, row: GitDeployRow, workspace_id: str, commit: str, ref: str
 ) -> Response:
     store = state.store
-    done = await store.io(store.version_of_commit, row.app_slug, commit)
+    done = await store.io(store.version_of_commit, workspace_id, row.app_slug, commit)
     if done is not None:  # a redelivery, a replay, or a branch moved back: no new version
         info = await store.io(version_info, store, done)
         why = f"{commit[:12]} is deployed already, as version {done.version}"
@@ -334,7 +346,9 @@ OPS = [
         authenticated=False,
         description="Signed with X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of the body, "
         "keyed with the Git deploy's secret>; 401 when missing or wrong, or no Git deploy "
-        "is set, and nothing changes. Reads ref and after (the pushed commit); a ref the "
+        "is set, and nothing changes (with no header, or no Git deploy, before the body is "
+        "read); the body must arrive within 10 s (else 400 REQUEST_TIMEOUT) and hold at "
+        "most 4 MB (400 BODY_TOO_LARGE). Reads ref and after (the pushed commit); a ref the "
         "Git deploy does not follow, a deleted branch or a ping answers 200 deployed: "
         "false, and so does a commit the app has a version of already (a redelivery or a "
         "replay: that version, no new one). Otherwise the commit of the configured "

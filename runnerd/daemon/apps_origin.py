@@ -12,8 +12,9 @@ anything of a tool: it knows two routes.
 runs now (one query: a switch or rollback changes it at once), while the token verifies
 (api/frames.py) and its person is still a member with Apps access there. ``/f/<token>/``
 is the entry page. ``GET /d/<token>/<path>``: the same for the dev pages the token's
-person holds for its install on this node (``runnerd app dev``, api/dev_pages.py), with
-the same headers; anyone else's token finds none. The path is read from the raw request
+person holds for its install (``runnerd app dev``, api/dev_pages.py: in the store, so
+any node serves them, one file row a request), with the same checks and headers; anyone
+else's token finds none. The path is read from the raw request
 path, segment by segment: an encoded slash or backslash, a NUL, an empty, ``.`` or ``..``
 segment is no page. Every other request is 404. Answers carry a strict CSP (scripts and
 everything else from the apps origin only, no connections, framed only by the Manage
@@ -29,7 +30,7 @@ from urllib.parse import unquote_to_bytes, urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from runnerd.api.dev_pages import dev_page
+from runnerd import limits as L
 from runnerd.api.frames import verify_frame_token
 from runnerd.config import Settings
 from runnerd.govern.admission import may_run
@@ -48,9 +49,13 @@ def page_csp(settings: Settings) -> str:
     bridge, postMessage to the Manage page), framed by the Manage page's origin only."""
     public = urlsplit(settings.public_base)
     manage = f"{public.scheme}://{public.netloc}"
+    # sandbox: a page opened on its own (a link, not the frame) is as confined as in the
+    # frame: an opaque origin, so it can neither read nor set a cookie of any host (a page
+    # could otherwise toss a session cookie onto the Manage page's host or a parent domain).
     return (
         "default-src 'self'; script-src 'self'; connect-src 'none'; object-src 'none'; "
-        f"base-uri 'self'; frame-ancestors {manage}"
+        f"base-uri 'self'; frame-ancestors {manage}; "
+        "sandbox allow-scripts allow-forms"
     )
 
 
@@ -82,6 +87,7 @@ class AppsOrigin:
 
     def __init__(self, main: Any, settings: Settings) -> None:
         self.main = main
+        self.manage = settings.public_base
         self.headers = [
             (b"content-security-policy", page_csp(settings).encode()),
             (b"x-content-type-options", b"nosniff"),
@@ -117,11 +123,29 @@ class AppsOrigin:
             ],
         )
 
+    def _not_in_frame(self) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        body = (
+            f"An app's page opens in its frame on the Manage page ({self.manage}), "
+            "not on its own.\n"
+        ).encode()
+        return (
+            403,
+            body,
+            [
+                *self.headers,
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                (b"cache-control", b"no-store"),
+            ],
+        )
+
     async def _answer(self, scope: Scope) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         if scope["method"] not in ("GET", "HEAD"):
             return self._not_found()
+        if _fetch_dest(scope) in _NOT_A_FRAME:
+            return self._not_in_frame()  # a browser opening a page as a window, or embedding it
         raw = scope.get("raw_path") or scope["path"].encode()
-        dev = raw.startswith(b"/d/")  # a person's dev pages (api/dev_pages.py), not the store's
+        dev = raw.startswith(b"/d/")  # a person's dev pages (api/dev_pages.py), not a version's
         found = _page_address(b"/f/" + raw[3:] if dev else raw)
         if found is None:
             return self._not_found()
@@ -137,8 +161,8 @@ class AppsOrigin:
             install = store.get_install(install_id)
             if install is None or not may_run(store.membership(install.workspace_id, user_id)):
                 return None  # the person left, or lost Apps access, since the frame opened
-            if dev:
-                return dev_page(install_id, user_id, path)  # the token's person's only
+            if dev:  # the token's person's only, one file row, whichever node took the PUT
+                return store.dev_page(install_id, user_id, path, ttl_s=L.DEV_PAGES_TTL_S)
             page = path
             if page is None:
                 page = store.page_entry(install.version_id)
@@ -177,6 +201,18 @@ class HideFrameTokens(logging.Filter):
                 _, slash, rest = path[3:].partition("/")
                 record.args = (*args[:2], path[:3] + "…" + slash + rest, *args[3:])
         return True
+
+
+# What a browser loads a page as (Sec-Fetch-Dest) when it is not the frame or one of the
+# frame's own files: a top-level window (a link opened on its own), <embed>, <object>.
+_NOT_A_FRAME = frozenset({b"document", b"embed", b"object"})
+
+
+def _fetch_dest(scope: Scope) -> bytes | None:
+    for name, value in scope.get("headers", []):
+        if name == b"sec-fetch-dest":
+            return bytes(value)
+    return None
 
 
 def _if_none_match(scope: Scope) -> list[bytes]:

@@ -12,6 +12,7 @@ from runnerd.store.approvals import ApprovalRow, ApprovalsStore
 from runnerd.store.apps import AppsStore
 from runnerd.store.audit import AuditEntry
 from runnerd.store.core import DB_FILENAME
+from runnerd.store.dev_pages import DevPagesRow, DevPagesStore
 from runnerd.store.git_deploys import GitDeployRow, GitDeploysStore
 from runnerd.store.idempotency import IdempotencyStore
 from runnerd.store.nodes import NodesStore
@@ -41,6 +42,7 @@ __all__ = [
     "ApprovalRule",
     "AuditEntry",
     "BudgetStatus",
+    "DevPagesRow",
     "GitDeployRow",
     "InstallRecord",
     "KeyRecord",
@@ -68,6 +70,7 @@ class Store(
     ApprovalsStore,
     ApprovalRulesStore,
     GitDeploysStore,
+    DevPagesStore,
     IdempotencyStore,
     SessionsStore,
     OAuthStore,

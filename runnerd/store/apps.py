@@ -146,12 +146,14 @@ class AppsStore(AuditStore):
     def list_apps(self) -> list[AppRecord]:
         return [_app_record(r) for r in self.db.query("SELECT * FROM apps ORDER BY slug")]
 
-    def version_of_commit(self, slug: str, commit: str) -> VersionRecord | None:
-        """The newest version of the app ``slug`` deployed from Git ``commit``, if any."""
+    def version_of_commit(self, workspace_id: str, slug: str, commit: str) -> VersionRecord | None:
+        """The newest version deployed from Git ``commit`` of the app ``slug``, when
+        ``workspace_id`` owns the app; None otherwise."""
         row = self.db.execute(
             "SELECT v.id FROM app_versions v JOIN apps a ON a.id = v.app_id "
-            "WHERE a.slug = ? AND v.git_commit = ? ORDER BY v.seq DESC LIMIT 1",
-            [slug, commit],
+            "WHERE a.slug = ? AND a.workspace_id = ? AND v.git_commit = ? "
+            "ORDER BY v.seq DESC LIMIT 1",
+            [slug, workspace_id, commit],
         ).fetchone()
         return self.get_version(row[0]) if row else None
 

@@ -4,7 +4,8 @@ The copy uses SQLite's online backup API, so a daemon may keep serving (and writ
 while it runs: the copy is the database as of one moment. It holds what the database
 holds: never an input, an output or a secret in clear (secrets are sealed with the key
 in ``secrets.key``, which is kept apart: back it up separately, or a restored store
-cannot open its secrets).
+cannot open its secrets). People's dev pages (store/dev_pages.py) are in it as they are
+in the file; restored, they still go an hour after their last PUT.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ from runnerd.store.audit import AuditStore
 __all__ = ["TABLES", "copy_store"]
 
 # Every table of the schema, each after the tables it refers to. Node leases are not
-# copied: they belong to the database the nodes served.
+# copied: they belong to the database the nodes served; nor are dev pages (runnerd app
+# dev): they live an hour, and `runnerd app dev` sends them again to the new database.
 TABLES = (
     "workspaces", "users", "memberships", "api_keys", "apps", "app_versions", "tools",
     "app_pages", "publications", "installs", "runs", "install_secrets", "budgets", "budget_usage",
@@ -18,13 +19,14 @@ TABLES = (
     "approval_rules", "workspace_webhooks", "git_deploys",
     "oauth_clients", "oauth_requests", "oauth_codes", "oauth_refresh_tokens",
 )  # fmt: skip
+NOT_COPIED = ("nodes", "dev_pages", "dev_page_files")
 
 
 def copy_store(source: AuditStore, target: AuditStore) -> dict[str, int]:
     """Copy every row of ``source`` (read as one snapshot, so a live store copies
     consistently) into ``target``, which must be empty, in one transaction. Rows per
     table; the target's audit chain and counts are checked before it commits."""
-    missing = set(source.db.table_names()) - set(TABLES) - {"nodes"}
+    missing = set(source.db.table_names()) - set(TABLES) - set(NOT_COPIED)
     if missing:  # a table this code does not know: refuse rather than drop it
         raise StoreUnavailable(f"cannot copy: unknown tables {sorted(missing)}")
     full = [t for t in TABLES if target.db.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone()]

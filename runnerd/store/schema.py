@@ -492,6 +492,38 @@ def _m18_git_deploys(db: Database) -> None:
     )
 
 
+def _m19_dev_pages(db: Database) -> None:
+    """A person's dev pages of an install (``runnerd app dev``), so every node of a
+    cluster serves them: per install and person, the entry page, a revision the PUTs
+    count, their bytes and the last PUT's time (the database's clock: they expire by
+    it); and their files, each with its bytes, type and sha256. Transient: dropped with
+    the person's DELETE, after DEV_PAGES_TTL_S, or with the install, and never copied
+    by ``admin copy``."""
+    db.ddl(
+        """CREATE TABLE dev_pages (
+            install_id TEXT NOT NULL REFERENCES installs(id) ON DELETE CASCADE,
+            user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+            entry TEXT NOT NULL,
+            revision INTEGER NOT NULL,
+            size INTEGER NOT NULL,
+            updated_at TEXT NOT NULL,
+            PRIMARY KEY (install_id, user_id))"""
+    )
+    db.ddl("CREATE INDEX dev_pages_updated ON dev_pages (updated_at)")
+    db.ddl(
+        """CREATE TABLE dev_page_files (
+            install_id TEXT NOT NULL,
+            user_id TEXT NOT NULL,
+            path TEXT NOT NULL,
+            content BLOB NOT NULL,
+            content_type TEXT NOT NULL,
+            sha256 TEXT NOT NULL,
+            PRIMARY KEY (install_id, user_id, path),
+            FOREIGN KEY (install_id, user_id) REFERENCES dev_pages (install_id, user_id)
+                ON DELETE CASCADE)"""
+    )
+
+
 # Append only: a migration, once released, never changes.
 MIGRATIONS: list[Callable[[Database], None]] = [
     _m1_apps_and_versions,
@@ -512,4 +544,5 @@ MIGRATIONS: list[Callable[[Database], None]] = [
     _m16_key_surfaces,
     _m17_app_pages,
     _m18_git_deploys,
+    _m19_dev_pages,
 ]

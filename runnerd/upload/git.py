@@ -330,7 +330,7 @@ def read_git_app(
             "a local path or file:// repository is refused here (the setting "
             "git_deploy_allow_local allows it)",
         )
-    if daemon and not local and not re.match(r"^(https?|git)://", source):
+    if daemon and not local and not re.match(r"^(https?|git)://", source, re.IGNORECASE):
         raise GitSourceInvalid("repository", "the daemon fetches only http(s):// and git:// URLs")
     with tempfile.TemporaryDirectory(prefix="runnerd-git-") as tmp:
         work = Path(tmp)

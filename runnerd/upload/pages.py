@@ -224,9 +224,9 @@ def check_pages(
     total = 0
     for path in paths:
         what = not_pages.get(path)
-        if what is None and path.endswith(L.TOOL_SUFFIX):
+        if what is None and path.lower().endswith(L.TOOL_SUFFIX):  # X.TOOL.YAML too
             what = "a tool file"
-        if what is None and posixpath.basename(path) == L.MANIFEST_NAME:
+        if what is None and posixpath.basename(path).lower() == L.MANIFEST_NAME:
             what = "a manifest (a copy of one is not a page either)"
         if what is not None:
             problems.append(

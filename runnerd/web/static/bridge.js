@@ -19,6 +19,7 @@ import { append, h } from './dom.js';
 const VERSION = 1;
 const MAX_IN_FLIGHT = 16; // calls one frame may have waiting at once
 const MAX_NAME_CHARS = 200; // app/tool: a slug, a slash and a tool name, with room
+const TOOL_NAME = /^[a-z][a-z0-9_]{0,39}$/; // schemas/agentserve.tool.schema.json's name
 const RENEW_BEFORE_MS = 60000; // a frame token is renewed this long before it expires
 
 class Refusal extends Error {
@@ -78,7 +79,11 @@ export function serveFrame(iframe, install, frame, renew) {
     const slash = name.lastIndexOf('/');
     if (slash !== -1 && name.slice(0, slash) !== appSlug) throw otherApp(name);
     const tool = name.slice(slash + 1);
-    if (!tool) throw new Refusal('BAD_MESSAGE', 400, 'runTool: params.name must be a tool name');
+    // A tool name as the tool file's schema has it: never '.', '..' or anything a URL reads
+    // as more than one path segment.
+    if (!TOOL_NAME.test(tool)) {
+      throw new Refusal('BAD_MESSAGE', 400, 'runTool: params.name must be a tool name');
+    }
     const headers = { 'X-Runnerd-Frame': await token() };
     const path = `/api/v2/apps/installs/${encodeURIComponent(installId)}/tools/${encodeURIComponent(tool)}/run`;
     const run = await api('POST', path, { body: { input }, headers });
@@ -146,6 +151,35 @@ export function serveFrame(iframe, install, frame, renew) {
   return stop;
 }
 
+// The address the apps origin lets frame its pages (their CSP's frame-ancestors): the
+// origin of public_url, which the OAuth metadata names as its issuer. null when it cannot
+// be told (the page then opens the frame as before).
+let framedBy;
+async function framingOrigin() {
+  if (framedBy === undefined) {
+    try {
+      const metadata = await api('GET', '/.well-known/oauth-authorization-server');
+      framedBy = { base: metadata.issuer.replace(/\/+$/, ''), origin: new URL(metadata.issuer).origin };
+    } catch {
+      framedBy = null;
+    }
+  }
+  return framedBy;
+}
+
+// The frame's height: the window's below the frame's top (at least 420 px, as the CSS
+// says), kept so as the window is resized; the app's page scrolls inside it.
+function fitFrame(iframe) {
+  const fit = () => {
+    if (!iframe.isConnected) return;
+    const top = iframe.getBoundingClientRect().top + window.scrollY;
+    iframe.style.height = `${Math.max(420, window.innerHeight - top - 24)}px`;
+  };
+  window.addEventListener('resize', fit);
+  window.addEventListener('hashchange', () => window.removeEventListener('resize', fit), { once: true });
+  fit();
+}
+
 // #/apps/{installId}: the install's pages in their sandboxed frame, on the apps origin.
 // #/apps/{installId}?dev=1: the pages `runnerd app dev` sends from the person's machine
 // instead (api/dev_pages.py), in the same frame and bridge, the tools as installed; the
@@ -155,6 +189,23 @@ export async function appFrameView(main, { installId }, query) {
   const install = installs.data.find((i) => i.installId === installId);
   if (!install) throw new Error('No such install in this workspace');
   const dev = Boolean(query && query.get('dev') === '1');
+  const heading = [
+    h('p', { class: 'crumbs' }, h('a', { href: '#/' }, 'Apps'), ' / ', install.appSlug, ' · ',
+      h('a', { href: `#/installs/${installId}` }, 'Manage')),
+    h('h1', {}, `${install.appSlug} `, h('span', { class: 'muted' }, `version ${install.version}`)),
+  ];
+  // Opened at another address than public_url (localhost for 127.0.0.1, say), the frame
+  // would stay blank: the browser refuses it by the pages' frame-ancestors. Say where to go
+  // instead, before a frame is opened (and audited) for nothing.
+  const framing = await framingOrigin();
+  if (framing && framing.origin !== window.location.origin) {
+    const target = `${framing.base}/#/apps/${encodeURIComponent(installId)}${dev ? '?dev=1' : ''}`;
+    append(main, [heading, h('div', { class: 'error frame-origin', role: 'alert' },
+      'Open the Manage page at ', h('a', { href: target }, framing.base),
+      ' to use apps: the apps origin lets only that address frame them (this page is at ',
+      window.location.origin, '; sign in there: a session belongs to one address).')]);
+    return;
+  }
   const devPath = `/api/v2/apps/installs/${encodeURIComponent(installId)}/dev-pages`;
   const frame = dev ? await api('GET', devPath)
     : await api('POST', `/api/v2/apps/installs/${encodeURIComponent(installId)}/frame`);
@@ -187,11 +238,6 @@ export async function appFrameView(main, { installId }, query) {
     }, 1000);
     window.addEventListener('hashchange', () => clearInterval(timer), { once: true });
   }
-  append(main, [
-    h('p', { class: 'crumbs' }, h('a', { href: '#/' }, 'Apps'), ' / ', install.appSlug, ' · ',
-      h('a', { href: `#/installs/${installId}` }, 'Manage')),
-    h('h1', {}, `${install.appSlug} `, h('span', { class: 'muted' }, `version ${install.version}`)),
-    note,
-    iframe,
-  ]);
+  append(main, [heading, note, iframe]);
+  fitFrame(iframe);
 }
