@@ -439,13 +439,10 @@ class NoPages(RunnerdError):
 
 
 class NoDevPages(RunnerdError):
-    """The person holds no dev pages of the install on this node (runnerd app dev)."""
+    """The person holds no dev pages of the install (runnerd app dev)."""
 
     reason, status = "NO_DEV_PAGES", 404
-    default_message = (
-        "You hold no dev pages of this install on this node: run runnerd app dev DIR "
-        "(against this node's URL)"
-    )
+    default_message = "You hold no dev pages of this install: run runnerd app dev DIR"
 
 
 class PagesOff(RunnerdError):

@@ -9,6 +9,7 @@ runs the installed version's tool (surface ``app``), and nobody else sees the pa
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import select
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,10 @@ import httpx
 import pytest
 
 from conftest import AppDir, tool_doc
-from daemon import Daemon
+from daemon import Daemon, running_daemon, serving_again
 from inproc import InProcess
 from runnerd import limits
+from runnerd.ids import stamp
 from test_app_bridge import (  # noqa: F401 - fixtures, as pytest finds them
     INPUT,
     TOOLS,
@@ -169,7 +172,7 @@ def test_dev_pages_show_in_the_frame_reload_on_change_and_run_the_installed_tool
     tab.tab.goto(f"{daemon.url}/#/apps/{install_id}")
     _heading(tab, "Bridge demo")
     assert tab.tab.query_selector("#dev-note") is None
-    # Ctrl-C drops them from the node.
+    # Ctrl-C drops them from the store.
     assert dev.stop() == 0
     assert _dev_pages(daemon, install_id).status_code == 404
 
@@ -226,9 +229,9 @@ def test_the_cli_says_when_the_app_is_not_installed(daemon: Daemon, tmp_path: Pa
 
 
 def test_the_cli_sends_no_tool_file_and_the_daemon_takes_none(
-    daemon: Daemon, installed: dict[str, str], tmp_path: Path
+    cli: Callable[..., Cli], daemon: Daemon, installed: dict[str, str], tmp_path: Path
 ) -> None:
-    # A pages folder with a tool's file in it: named, nothing sent.
+    # A pages folder with a tool's file in it: named, nothing sent, the folder watched.
     app = AppDir(tmp_path)
     app.write(
         "agentserve.app.yaml", "slug: dev-demo\nname: dev-demo\ntools: ./web/*\npages: ./web\n"
@@ -236,13 +239,12 @@ def test_the_cli_sends_no_tool_file_and_the_daemon_takes_none(
     app.write("web/echo.tool.yaml", tool_doc("echo", input=INPUT))
     app.write("web/echo.py", TOOLS["echo"])
     app.write("web/index.html", LOCAL_INDEX.format(title="never"))
-    done = subprocess.run(
-        [sys.executable, "-m", "runnerd", "app", "dev", str(tmp_path)],
-        env=daemon.client_env(), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 1, done.stderr
-    assert "web/echo.py" in done.stderr and "the pages are not sent" in done.stderr
+    dev = cli(tmp_path)
+    refused = dev.event()
+    assert refused["event"] == "problems", refused
+    assert "web/echo.py" in [p["file"] for p in refused["problems"]], refused
     assert _dev_pages(daemon, installed["installId"]).status_code == 404
+    assert dev.stop() == 0
     # The daemon refuses a tool file, a manifest, a path out of the folder, a missing entry.
     path = f"/api/v2/apps/installs/{installed['installId']}/dev-pages"
     html = base64.b64encode(b"<p>x</p>").decode()
@@ -301,11 +303,12 @@ def test_dev_pages_work_for_an_install_with_no_pages_yet(
         assert client.get(held["url"]).status_code == 404
 
 
-def test_a_node_holds_dev_pages_an_hour_and_within_its_memory_limit(
+def test_the_store_holds_dev_pages_an_hour_and_within_its_limit(
     app_daemon: InProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The daemon's app in this process, its limits made small: past the node's bytes the
-    oldest person's dev pages go, and an hour (here: none) after the last PUT, all go."""
+    """The daemon's app in this process, its limits made small: past the store's bytes
+    (every node's dev pages together) the oldest person's dev pages go, and an hour
+    (here: none) after the last PUT, all go."""
     install = app_daemon.ship(_app(tmp_path, "dev-limits", pages=False))
     path = f"/api/v2/apps/installs/{install['installId']}/dev-pages"
     page = base64.b64encode(b"x" * 1000).decode()
@@ -318,3 +321,118 @@ def test_a_node_holds_dev_pages_an_hour_and_within_its_memory_limit(
     assert app_daemon.call("GET", path, second).status_code == 200
     monkeypatch.setattr(limits, "DEV_PAGES_TTL_S", 0)
     assert app_daemon.call("GET", path, second).status_code == 404
+
+
+def _put(runnerd: Any, install_id: str, key: str, title: str) -> httpx.Response:
+    html = base64.b64encode(LOCAL_INDEX.format(title=title).encode()).decode()
+    js = base64.b64encode(f"// {title}\n".encode()).decode()
+    return runnerd.call(
+        "PUT", f"/api/v2/apps/installs/{install_id}/dev-pages", key,
+        json={"files": {"index.html": html, "app.js": js}},
+    )  # fmt: skip
+
+
+def _held_rows(runnerd: Any, install_id: str) -> list[tuple[str, int]]:
+    """(user id, files) of each person's dev pages of the install in the store."""
+    store = runnerd.store()
+    try:
+        rows = store.db.execute(
+            """SELECT d.user_id, (SELECT count(*) FROM dev_page_files f
+                 WHERE f.install_id = d.install_id AND f.user_id = d.user_id)
+               FROM dev_pages d WHERE d.install_id = ? ORDER BY d.user_id""",
+            [install_id],
+        ).fetchall()
+        return [(str(r[0]), int(r[1])) for r in rows]
+    finally:
+        store.close()
+
+
+def test_each_persons_token_serves_their_own_dev_pages_only(
+    daemon: Daemon, installed: dict[str, str]
+) -> None:
+    """Two people hold dev pages of one install at once: each frame token (and each GET)
+    finds its own person's, never the other's."""
+    install_id = installed["installId"]
+    mine, theirs = daemon.admin_key, daemon.person("dev-both@example.com")
+    assert _put(daemon, install_id, mine, "Mine").status_code == 200
+    assert _put(daemon, install_id, theirs, "Theirs").status_code == 200
+    try:
+        with httpx.Client(timeout=10) as client:
+            for key, title, other in ((mine, "Mine", "Theirs"), (theirs, "Theirs", "Mine")):
+                info = _dev_pages(daemon, install_id, key).json()
+                page = client.get(info["url"])
+                assert page.status_code == 200 and title in page.text and other not in page.text
+                script = client.get(f"{_apps_origin(daemon)}/d/{info['token']}/app.js")
+                assert script.text == f"// {title}\n"
+                sha256 = hashlib.sha256(f"// {title}\n".encode()).hexdigest()
+                assert script.headers["etag"] == f'"{sha256}"'
+                again = client.get(info["url"], headers={"If-None-Match": page.headers["etag"]})
+                assert again.status_code == 304  # the same ETag as a deployed page's
+    finally:
+        for key in (mine, theirs):
+            daemon.call("DELETE", f"/api/v2/apps/installs/{install_id}/dev-pages", key)
+
+
+def test_delete_removes_the_dev_pages_from_the_store(
+    daemon: Daemon, installed: dict[str, str]
+) -> None:
+    install_id = installed["installId"]
+    key = daemon.person("dev-delete@example.com")
+    held = _put(daemon, install_id, key, "To delete").json()
+    assert len(_held_rows(daemon, install_id)) == 1
+    path = f"/api/v2/apps/installs/{install_id}/dev-pages"
+    assert daemon.call("DELETE", path, key).json() == {"name": "dev-pages", "deleted": True}
+    assert _held_rows(daemon, install_id) == []  # the row and its files
+    assert _dev_pages(daemon, install_id, key).status_code == 404
+    with httpx.Client(timeout=10) as client:
+        assert client.get(held["url"]).status_code == 404
+    assert daemon.call("DELETE", path, key).json() == {"name": "dev-pages", "deleted": False}
+
+
+def test_dev_pages_expire_an_hour_after_the_last_put_by_the_databases_clock(
+    daemon: Daemon, installed: dict[str, str]
+) -> None:
+    """Their last PUT moved back past DEV_PAGES_TTL_S in the store (as the database's
+    clock would see it an hour on): no node serves them, and the next PUT drops them
+    (anyone's PUT: here another person's), and starts again at revision 1."""
+    install_id = installed["installId"]
+    key, later = daemon.person("dev-ttl@example.com"), daemon.person("dev-ttl2@example.com")
+    held = _put(daemon, install_id, key, "Stale soon").json()
+    assert _put(daemon, install_id, key, "Stale soon").json()["revision"] == 2
+    store = daemon.store()
+    try:
+        past = stamp(store.db_now() - timedelta(seconds=limits.DEV_PAGES_TTL_S + 1))
+        with store.db.write():
+            store.db.execute(
+                "UPDATE dev_pages SET updated_at = ? WHERE install_id = ?", [past, install_id]
+            )
+        [(user_id, _)] = _held_rows(daemon, install_id)
+    finally:
+        store.close()
+    assert _dev_pages(daemon, install_id, key).status_code == 404
+    with httpx.Client(timeout=10) as client:
+        assert client.get(held["url"]).status_code == 404
+    assert _put(daemon, install_id, later, "Someone else").status_code == 200
+    assert user_id not in [u for u, _ in _held_rows(daemon, install_id)]  # gone from the store
+    assert _put(daemon, install_id, key, "Fresh").json()["revision"] == 1
+    for person in (key, later):
+        daemon.call("DELETE", f"/api/v2/apps/installs/{install_id}/dev-pages", person)
+
+
+def test_dev_pages_outlive_a_restart_of_the_node(toolchain_dir: Path, tmp_path: Path) -> None:
+    """They are in the store: a node restarted within the hour serves them on (the
+    revision goes on counting)."""
+    with running_daemon(toolchain_dir) as node:
+        install_id = str(node.ship(_app(tmp_path, "dev-restart", pages=False))["installId"])
+        held = _put(node, install_id, node.admin_key, "Before the restart").json()
+        node.proc.terminate()
+        node.proc.wait(timeout=30)
+        with serving_again(node) as again:
+            assert again.poll() is None
+            info = _dev_pages(node, install_id)
+            assert info.status_code == 200, info.text
+            assert info.json()["revision"] == held["revision"] == 1
+            with httpx.Client(timeout=10) as client:
+                page = client.get(info.json()["url"])
+                assert page.status_code == 200 and "Before the restart" in page.text
+            assert _put(node, install_id, node.admin_key, "After").json()["revision"] == 2

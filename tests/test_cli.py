@@ -35,6 +35,7 @@ def test_validate_example_prints_a_summary_of_the_tools(
     assert lines[0] == "deal-desk (Deal Desk): 2 tools, all checks passed"
     assert lines[1].split() == ["route_ticket", "python", "read", "30000", "ms"]
     assert lines[2].split() == ["score_offer", "typescript", "read", "10000", "ms"]
+    assert lines[3] == "pages: 4 files from pages/ (entry index.html)"
 
 
 def test_validate_defaults_to_the_current_folder(toolchain: Toolchain, tmp_path: Path) -> None:
@@ -42,7 +43,9 @@ def test_validate_defaults_to_the_current_folder(toolchain: Toolchain, tmp_path:
         "app", "validate", "--json", "--data-dir", str(tmp_path), toolchain=toolchain, cwd=EXAMPLE
     )
     assert proc.returncode == 0
-    assert json.loads(proc.stdout)["app"]["slug"] == "deal-desk"
+    found = json.loads(proc.stdout)
+    assert found["app"]["slug"] == "deal-desk"
+    assert found["pages"] == {"folder": "pages/", "files": 4, "entry": "index.html"}
 
 
 def test_validate_prints_every_problem_as_file_line_and_exits_1(
@@ -57,8 +60,8 @@ def test_validate_prints_every_problem_as_file_line_and_exits_1(
     proc = runnerd("app", "validate", str(app.root), toolchain=toolchain)
     assert proc.returncode == 1
     assert proc.stdout.splitlines() == [
-        f"{app.root}/tools/a.py:1: Python syntax error: '(' was never closed",
-        f"{app.root}/tools/a.tool.yaml:3: timeoutMs: time limit for one run in milliseconds, "
+        "tools/a.py:1: Python syntax error: '(' was never closed",
+        "tools/a.tool.yaml:3: timeoutMs: time limit for one run in milliseconds, "
         "including starting the sandbox: an integer from 1000 to 300000 (default 30000); got 5",
         "",
         "2 problems; the app would be refused.",

@@ -26,7 +26,9 @@ def test_the_example_from_deploy_to_run(daemon: Daemon) -> None:
     deployed = cli(daemon, "app", "deploy", str(EXAMPLE))
     assert deployed.returncode == 0, deployed.stderr
     assert deployed.stdout.startswith("deployed deal-desk version 1 (ver_")
-    assert deployed.stdout.rstrip().endswith("2 tools: route_ticket, score_offer")
+    lines = deployed.stdout.splitlines()
+    assert lines[0].endswith("2 tools: route_ticket, score_offer")
+    assert lines[1] == "pages: 4 files"
     published = cli(daemon, "app", "publish", "--version", "1", cwd=EXAMPLE)
     assert published.stdout.startswith("published deal-desk version 1 at ")
     installed = cli(daemon, "app", "install", "--app", "deal-desk", "--version", "1", "--json")
@@ -54,6 +56,10 @@ def test_the_example_from_deploy_to_run(daemon: Daemon) -> None:
     )
     row = daemon.store().get_run(body["runId"])
     assert row is not None and row.surface == "api"  # a personal key proves no more
+    by_api = cli(daemon, "runs", "list", "--app", "deal-desk", "--surface", "api")
+    assert by_api.stdout.startswith(body["runId"]), by_api.stderr
+    by_app = cli(daemon, "runs", "list", "--app", "deal-desk", "--surface", "app")
+    assert by_app.stdout == "no runs\n", by_app.stderr
 
 
 def test_refused_run_prints_the_reason_and_exits_1(daemon: Daemon) -> None:
@@ -72,7 +78,7 @@ def test_deploy_prints_every_problem(daemon: Daemon, tmp_path: Path) -> None:
     proc = cli(daemon, "app", "deploy", str(tmp_path))
     assert proc.returncode == 1
     lines = proc.stderr.splitlines()
-    assert lines[0].startswith("runnerd: BAD_REQUEST: 3 problems")
+    assert lines[0] == "runnerd: 3 problems in the upload; nothing stored"  # as the CLI's own
     assert "tools/x.tool.yaml:1: name 'y' does not match the file name x.tool.yaml" in lines[1]
     assert lines[2].startswith("tools/x.tool.yaml:4: output.type")
     assert lines[3] == "tools/x.ts: ES module without a `run` export or a default-exported function"

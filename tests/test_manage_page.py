@@ -424,6 +424,45 @@ def test_a_write_tool_asks_before_a_real_run(
     assert json.loads(page.tab.inner_text(".result pre.json")) == {"written": 5}
 
 
+def test_a_fields_rules_show_in_the_schema_table(
+    tab: Callable[..., Page], daemon: Daemon, tmp_path: Path
+) -> None:
+    app = AppDir(tmp_path / "ruled")
+    app.write("agentserve.app.yaml", "slug: ruled\nname: Ruled\ntools: ./tools/*\n")
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 40, "pattern": "^[a-z]+$"},
+            "email": {"type": "string", "format": "email"},
+            "count": {"type": "integer", "exclusiveMinimum": 0, "maximum": 9, "default": 3},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 5,
+                     "uniqueItems": True},
+            "note": {"type": ["string", "null"]},
+        },
+    }  # fmt: skip
+    source = "def run(input):\n    return {}\n"
+    app.tool("ruled", yaml=tool_doc("ruled", input=schema), source=source)
+    ruled = daemon.ship(app.root)["installId"]
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    page.open(f"/#/installs/{ruled}/tools/ruled")
+    page.tab.wait_for_selector("th:has-text('Rules')")
+    rows = page.tab.evaluate(
+        "[...document.querySelectorAll('table')]"
+        ".filter(t => [...t.tHead.rows[0].cells].some(th => th.innerText === 'Rules'))"
+        ".flatMap(t => [...t.tBodies[0].rows]).map(tr => [...tr.cells].map(td => td.innerText))"
+    )
+    rules = {row[0]: (row[1], row[4]) for row in rows}
+    assert rules["name"] == (
+        "string",
+        "at least 1 character, at most 40 characters, matches ^[a-z]+$",
+    )
+    assert rules["email"] == ("string", "format email")
+    assert rules["count"] == ("integer", "> 0, ≤ 9, default 3")
+    assert rules["tags"] == ("array", "at most 5 items, unique items")
+    assert rules["note"] == ("string or null", "")
+
+
 def test_approvals_show_the_call_and_only_deciders_get_buttons(
     tab: Callable[..., Page], daemon: Daemon, tmp_path: Path
 ) -> None:

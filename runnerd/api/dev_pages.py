@@ -31,6 +31,7 @@ import base64
 import binascii
 import hashlib
 from datetime import UTC, datetime
+from urllib.parse import quote
 
 import msgspec
 from starlette.requests import Request
@@ -80,7 +81,7 @@ def _path_problem(path: str) -> str | None:
         return "is a path inside the pages folder, relative to it"
     if any(seg in ("", ".", "..") for seg in path.split("/")):
         return "has an empty, '.' or '..' segment"
-    if path.endswith(L.TOOL_SUFFIX) or path.rsplit("/", 1)[-1] == L.MANIFEST_NAME:
+    if path.lower().endswith(L.TOOL_SUFFIX) or path.rsplit("/", 1)[-1].lower() == L.MANIFEST_NAME:
         return "is a tool file or a manifest, which is never a page"
     return None
 
@@ -118,7 +119,7 @@ def _info(state: AppState, install_id: str, user_id: str, pages: DevPagesRow) ->
     assert base is not None
     token, expires = issue_frame_token(state.frame_key, install_id, user_id)
     return DevPagesInfo(
-        url=f"{base}/d/{token}/{pages.entry}",
+        url=f"{base}/d/{token}/{quote(pages.entry)}",
         origin=base,
         token=token,
         expires_at=stamp(datetime.fromtimestamp(expires, UTC)),

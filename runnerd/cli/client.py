@@ -16,7 +16,14 @@ from typing import Any, get_args
 from ruamel.yaml.error import YAMLError
 
 from runnerd.cli.http import ApiClient
-from runnerd.cli.output import egress_lines, line_printer, output, printable, read_input
+from runnerd.cli.output import (
+    egress_lines,
+    line_printer,
+    output,
+    printable,
+    problem_line,
+    read_input,
+)
 from runnerd.errors import ApiFailure, BundleRejected, GitSourceInvalid, InputRejected
 from runnerd.limits import MANIFEST_NAME
 from runnerd.model import Surface
@@ -75,12 +82,14 @@ def _failure(args: argparse.Namespace, exc: ApiFailure) -> int:
             + "\n"
         )
         return 1
-    lines = [f"runnerd: {exc.code}: {exc}"]
-    for problem in exc.details.get("problems", []):
-        line = f":{problem['line']}" if problem.get("line") else ""
-        lines.append(f"{problem['file']}{line}: {problem['message']}")
+    problems = exc.details.get("problems") or []
+    # A refusal listing problems reads as the CLI's own checks print them (no envelope
+    # code: the problems say it); any other failure names its code and reason.
+    lines = [f"runnerd: {exc}" if problems else f"runnerd: {exc.code}: {exc}"]
+    for problem in problems:
+        lines.append(problem_line(problem["file"], problem.get("line"), problem["message"]))
     reason = exc.details.get("code")
-    if reason and not exc.details.get("problems"):
+    if reason and not problems:
         lines.append(f"  ({reason})")
     print(printable("\n".join(lines)), file=sys.stderr)
     return 1
@@ -129,8 +138,7 @@ def cmd_deploy(args: argparse.Namespace, client: ApiClient) -> int:
             read = _read_git(args)
             if isinstance(read, int):
                 return read
-            body, shown = read
-            root = Path(shown)
+            body = read[0]
         else:
             files = read_app_dir(root)
             if MANIFEST_NAME not in files:
@@ -139,7 +147,7 @@ def cmd_deploy(args: argparse.Namespace, client: ApiClient) -> int:
             body = {"files": {p: base64.b64encode(d).decode() for p, d in files.items()}}
     except BundleRejected as exc:
         lines = [f"runnerd: {exc}"]
-        lines += [f"{root / p.file}: {p.message}" for p in exc.problems]
+        lines += [problem_line(p.file, p.line, p.message) for p in exc.problems]
         print(printable("\n".join(lines)), file=sys.stderr)
         return 1
     result = client.call(
@@ -152,8 +160,11 @@ def cmd_deploy(args: argparse.Namespace, client: ApiClient) -> int:
             print(f"warning: {w['file']}: {w['message']}")
         print(
             f"deployed {v['appSlug']} version {v['version']} ({v['versionId']}): "
-            f"{len(v['tools'])} tools: {', '.join(v['tools'])}"
+            f"{len(v['tools'])} tool{'s' if len(v['tools']) != 1 else ''}: {', '.join(v['tools'])}"
         )
+        if result.get("pages"):
+            count = result["pages"]
+            print(f"pages: {count} file{'s' if count != 1 else ''}")
         if v.get("commit"):
             print(f"from commit {v['commit']}" + (f" ({v['ref']})" if v.get("ref") else ""))
 
@@ -462,7 +473,12 @@ def cmd_runs_list(args: argparse.Namespace, client: ApiClient) -> int:
     result = client.call(
         "GET",
         f"/api/v2/apps/installs/{install_id}/runs",
-        query={"tool": args.tool, "status": args.status, "limit": str(args.limit)},
+        query={
+            "tool": args.tool,
+            "status": args.status,
+            "surface": args.surface,
+            "limit": str(args.limit),
+        },
     )
 
     def line(r: dict[str, Any]) -> str:
@@ -528,7 +544,12 @@ def register_client(
         "signing secret once",
     )
     with_app(p)
-    p.add_argument("--repository", required=True, help="http(s):// or git:// URL")
+    p.add_argument(
+        "--repository",
+        required=True,
+        help="http(s):// or git:// URL; a local path or file:// only when the daemon has "
+        "git_deploy_allow_local = true (RUNNERD_GIT_DEPLOY_ALLOW_LOCAL=1)",
+    )
     p.add_argument("--ref", default="refs/heads/main", help="refs to deploy (refs/heads/main)")
     p.add_argument("--path", default="", help="the app's folder in the repository")
     p.add_argument("--new-secret", action="store_true", help="make a new signing secret")
@@ -656,6 +677,9 @@ def register_client(
     install_args(p)
     p.add_argument("--tool")
     p.add_argument("--status", choices=("running", "succeeded", "failed", "timed_out"))
+    p.add_argument(
+        "--surface", choices=get_args(Surface), help="only runs from this surface (app: pages)"
+    )
     p.add_argument("--limit", type=int, default=50)
     p.set_defaults(func=_client_command(cmd_runs_list))
     p = runs.add_parser("get", parents=[common, client], help="one run")

@@ -7,8 +7,10 @@ entry present), finds the app's install in the workspace (a clear message when t
 none: dev pages call the installed version's tools), and PUTs the files to
 ``/api/v2/apps/installs/{id}/dev-pages`` of the node it talks to, which holds them in
 memory for this person only (api/dev_pages.py). It prints the Manage page's address of
-the dev frame, then watches the folder: on a change it PUTs the files again, and the
-open frame reloads. Ctrl-C (or SIGTERM) drops them from the node and ends.
+the dev frame, then watches the folder and the manifest: on a change it PUTs the files
+again, and the open frame reloads. A problem an edit fixes (at the start as later) is
+printed and watched, and the files are sent once it is gone. Ctrl-C (or SIGTERM) drops
+them from the node and ends.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ruamel.yaml.error import YAMLError
 
 from runnerd import limits as L
 from runnerd.cli.http import ApiClient
-from runnerd.cli.output import printable
+from runnerd.cli.output import printable, problem_line
 from runnerd.errors import ApiFailure, BundleRejected
 from runnerd.model import Problem
 from runnerd.upload.pages import check_pages, clean_folder, folder_problem, not_pages_of
@@ -49,30 +51,40 @@ def _say(text: str) -> None:
     print(printable(text), file=sys.stderr, flush=True)
 
 
-def _manifest(root: Path) -> dict[str, Any]:
+def _read_doc(root: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The manifest as a mapping, or why it cannot be used for dev pages (a line to
+    print, the file named relative to the app folder)."""
+    name = L.MANIFEST_NAME
     try:
         raw = read_manifest(root)
     except BundleRejected as exc:
-        raise SystemExit(f"runnerd: {exc}") from None
+        return None, f"{name}: {exc}"
     if raw is None:
-        raise SystemExit(f"runnerd: {root / L.MANIFEST_NAME}: no manifest: DIR is an app folder")
+        return None, f"{root / name}: no manifest: DIR is an app folder"
     try:
         doc = load_yaml(raw.decode())
     except (YAMLError, UnicodeDecodeError):
         doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("slug"), str):
-        raise SystemExit(
-            f"runnerd: {root / L.MANIFEST_NAME} names no slug (check it with runnerd app validate)"
-        )
+        return None, f"{name} names no slug (check it with runnerd app validate)"
     pages = doc.get("pages")
     if not isinstance(pages, str):
-        raise SystemExit(
-            f"runnerd: {root / L.MANIFEST_NAME} names no pages folder: add pages: ./web "
-            "(a folder of HTML, scripts and styles) to show pages"
+        return None, (
+            f"{name} names no pages folder: add pages: ./web (a folder of HTML, scripts "
+            "and styles) to show pages"
         )
     why = folder_problem(pages)
     if why is not None:
-        raise SystemExit(f"runnerd: {L.MANIFEST_NAME}: pages: {why}")
+        return None, f"{name}: pages: {why}"
+    return doc, None
+
+
+def _manifest(root: Path) -> dict[str, Any]:
+    """The manifest at the start: exits when it has no slug or no pages folder (the
+    command has nothing to watch yet)."""
+    doc, why = _read_doc(root)
+    if doc is None:
+        raise SystemExit(f"runnerd: {why}")
     return doc
 
 
@@ -97,10 +109,11 @@ def read_dev_pages(root: Path, doc: dict[str, Any]) -> tuple[dict[str, bytes], l
     return {p.path: p.content for p in pages}, problems
 
 
-def _signature(folder: Path) -> tuple[tuple[str, int, int], ...]:
+def _signature(root: Path, folder: Path) -> tuple[tuple[str, int, int], ...]:
+    """What changes when a file of the pages folder, or the manifest, does."""
     found = []
     count = 0
-    for path in folder.rglob("*"):
+    for path in (root / L.MANIFEST_NAME, *folder.rglob("*")):
         count += 1
         if count > L.MAX_WALK_ENTRIES:
             break
@@ -112,35 +125,69 @@ def _signature(folder: Path) -> tuple[tuple[str, int, int], ...]:
     return tuple(sorted(found))
 
 
-def _install(client: ApiClient, workspace: str, slug: str) -> dict[str, Any]:
+def _install(client: ApiClient, workspace: str, slug: str, folder: str) -> dict[str, Any]:
     installs = client.call("GET", "/api/v2/apps/installs", query={"workspaceId": workspace})
     for install in installs["data"]:
         if install["appSlug"] == slug:
             return dict(install)
     raise SystemExit(
         f"runnerd: {slug} is not installed in the workspace {workspace}: in dev, the pages "
-        "come from your folder but the tools run as installed, so deploy and install it "
-        f"first (runnerd app deploy, then runnerd app install --app {slug} --version V)"
+        "come from your folder but the tools run as installed, so deploy, publish and "
+        f"install it first:\n"
+        f"  runnerd app deploy {folder}   (it prints the version V)\n"
+        f"  runnerd app publish --app {slug} --version V\n"
+        f"  runnerd app install --app {slug} --version V"
     )
 
 
+def _problem_line(p: Problem) -> str:
+    return f"  {problem_line(p.file, p.line, p.message)}"
+
+
 def cmd_dev(args: argparse.Namespace, client: ApiClient, workspace: str) -> int:
+    """Send the pages, then watch the folder and the manifest until Ctrl-C or SIGTERM.
+    Problems a file's edit can fix (a tool file among the pages, no entry page, a
+    manifest that stops reading) are printed and watched, never an exit: the pages are
+    sent once they are gone. It exits 1 only on what no edit of the folder fixes: no
+    manifest, slug or pages folder at the start, the app not installed, a refusal of
+    the key."""
     root = Path(args.dir)
     doc = _manifest(root)
     slug = str(doc["slug"])
-    install = _install(client, workspace, slug)
+    install = _install(client, workspace, slug, args.dir)
     install_id = str(install["installId"])
     path = f"/api/v2/apps/installs/{install_id}/dev-pages"
-    folder = root / (clean_folder(doc["pages"]) or "")
     shown = f"{clean_folder(doc['pages'])}/"
+    said: list[str] = []  # the problems printed last, printed again only when they change
+
+    def refused(lines: list[str], problems: list[Problem]) -> None:
+        if lines == said:
+            return
+        said[:] = lines
+        if args.json:
+            found = [{"file": p.file, "line": p.line, "message": p.message} for p in problems]
+            sys.stdout.write(json.dumps({"event": "problems", "problems": found}) + "\n")
+            sys.stdout.flush()
+            return
+        _say("runnerd: the pages are not sent (fix these, the folder is watched):")
+        for line in lines:
+            _say(line)
 
     def put() -> dict[str, Any] | None:
+        nonlocal doc
+        now, why = _read_doc(root)
+        if now is not None and now["slug"] != slug:
+            why = f"{L.MANIFEST_NAME}: slug: {now['slug']} is not {slug}: restart runnerd app dev"
+        if now is None or why is not None:
+            problem = Problem(L.MANIFEST_NAME, str(why).removeprefix(f"{L.MANIFEST_NAME}: "))
+            refused([f"  {why}"], [problem])
+            return None
+        doc = now
         pages, problems = read_dev_pages(root, doc)
         if problems:
-            _say("runnerd: the pages are not sent (fix these, the folder is watched):")
-            for p in problems:
-                _say(f"  {p.file}{f':{p.line}' if p.line else ''}: {p.message}")
+            refused([_problem_line(p) for p in problems], problems)
             return None
+        said.clear()
         body = {
             "entry": doc.get("entry") if isinstance(doc.get("entry"), str) else None,
             "files": {p: base64.b64encode(c).decode() for p, c in pages.items()},
@@ -150,31 +197,37 @@ def cmd_dev(args: argparse.Namespace, client: ApiClient, workspace: str) -> int:
         answer: dict[str, Any] = client.call("PUT", path, body=body)
         return answer
 
+    def ready(answer: dict[str, Any]) -> None:
+        if args.json:
+            _event("ready", answer, install)
+            return
+        _say(
+            f"runnerd: dev pages of {slug} from {shown} ({answer['files']} files) on "
+            f"{client.base_url}\n"
+            f"  open {answer['manageUrl']}\n"
+            "  (in the Manage page, signed in as you: nobody else sees these pages)\n"
+            f"  tools run {slug} {install['version']}, installed in {workspace}: "
+            "deploy to change them\n"
+            f"  watching {shown} for changes; Ctrl-C stops"
+        )
+
+    def folder() -> Path:
+        return root / (clean_folder(doc["pages"]) or "")
+
     def stop(*_: Any) -> None:
         raise _Stop
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        answer = put()
-        if answer is None:
-            return 1
-        if args.json:
-            _event("ready", answer, install)
-        else:
-            _say(
-                f"runnerd: dev pages of {slug} from {shown} ({answer['files']} files) on "
-                f"{client.base_url}\n"
-                f"  open {answer['manageUrl']}\n"
-                "  (in the Manage page, signed in as you: nobody else sees these pages)\n"
-                f"  tools run {slug} {install['version']}, installed in {workspace}: "
-                "deploy to change them\n"
-                f"  watching {shown} for changes; Ctrl-C stops"
-            )
-        seen = _signature(folder)
+        answer = put()  # an ApiFailure here (a refused key, a node that is gone) exits
+        sent = answer is not None
+        if answer is not None:
+            ready(answer)
+        seen = _signature(root, folder())
         sent_at = time.monotonic()
         while True:
             time.sleep(POLL_S)
-            now_seen = _signature(folder)
+            now_seen = _signature(root, folder())
             if now_seen == seen and time.monotonic() - sent_at < REFRESH_S:
                 continue
             changed = now_seen != seen
@@ -187,7 +240,10 @@ def cmd_dev(args: argparse.Namespace, client: ApiClient, workspace: str) -> int:
                 continue
             if answer is None:
                 continue
-            if args.json:
+            if not sent:
+                sent = True
+                ready(answer)
+            elif args.json:
                 _event("reloaded" if changed else "refreshed", answer, install)
             elif changed:
                 _say(f"runnerd: sent {answer['files']} files (revision {answer['revision']})")

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from runnerd import egress
-from runnerd.cli.output import egress_lines, printable, read_input
+from runnerd.cli.output import egress_lines, printable, problem_line, read_input
 from runnerd.config import Settings, load_settings
 from runnerd.errors import (
     BundleRejected,
@@ -30,7 +30,7 @@ from runnerd.errors import (
     ToolchainError,
 )
 from runnerd.govern.secrets import SECRET_NAME, check_secret_name, check_secret_value
-from runnerd.limits import MANIFEST_NAME, MIN_NODE_MAJOR, TOOL_SUFFIX
+from runnerd.limits import DEFAULT_PAGE_ENTRY, MANIFEST_NAME, MIN_NODE_MAJOR, TOOL_SUFFIX
 from runnerd.model import Bundle, Problem, Tool
 from runnerd.run.machine import Machine, build_machine
 from runnerd.run.runtimes import find_node, npm_cli
@@ -39,6 +39,7 @@ from runnerd.run.toolchain import Toolchain
 from runnerd.run.verdict import RunResult
 from runnerd.store import Store
 from runnerd.upload.bundle import load_bundle
+from runnerd.upload.pages import clean_folder
 from runnerd.upload.walk import read_app_dir, read_tool_files
 
 __all__ = ["register_local"]
@@ -102,7 +103,7 @@ def cmd_app_validate(args: argparse.Namespace) -> int:
             _print_json({"ok": False, "problems": _problem_dicts(exc.problems)})
         else:
             for problem in exc.problems:
-                print(printable(f"{_at(root, problem)}: {problem.message}"))
+                print(printable(problem_line(problem.file, problem.line, problem.message)))
             count = len(exc.problems)
             print(f"\n{count} problem{'s' if count != 1 else ''}; the app would be refused.")
         return 1
@@ -113,13 +114,14 @@ def cmd_app_validate(args: argparse.Namespace) -> int:
                 "ok": True,
                 "app": {"slug": manifest.slug, "name": manifest.name, "version": manifest.version},
                 "tools": _tool_summary(bundle),
+                "pages": _pages_summary(bundle),
                 "warnings": _problem_dicts(bundle.warnings),
                 "contentHash": bundle.content_hash,
             }
         )
         return 0
     for warning in bundle.warnings:
-        print(printable(f"warning: {_at(root, warning)}: {warning.message}"))
+        print(printable("warning: " + problem_line(warning.file, warning.line, warning.message)))
     version = f" version {manifest.version}" if manifest.version else ""
     count = len(bundle.tools)
     print(
@@ -133,12 +135,27 @@ def cmd_app_validate(args: argparse.Namespace) -> int:
             f"  {tool.name:<{width}}  {tool.language:<10}  {tool.effect:<5}  "
             f"{tool.timeout_ms:>6} ms{pkgs}"
         )
+    pages = _pages_summary(bundle)
+    if pages is not None:
+        count = pages["files"]
+        print(
+            f"pages: {count} file{'s' if count != 1 else ''} from {pages['folder']} "
+            f"(entry {pages['entry']})"
+        )
     return 0
 
 
-def _at(root: Path, problem: Problem) -> str:
-    path = root / problem.file
-    return f"{path}:{problem.line}" if problem.line else str(path)
+def _pages_summary(bundle: Bundle) -> dict[str, Any] | None:
+    """The app's pages as ``validate`` shows them (the folder, the count a deploy's
+    ``pages`` answers, the entry), or None for an app with no pages folder."""
+    manifest = bundle.manifest
+    if manifest.pages is None:
+        return None
+    return {
+        "folder": f"{clean_folder(manifest.pages)}/",
+        "files": len(bundle.pages),
+        "entry": manifest.entry or DEFAULT_PAGE_ENTRY,
+    }
 
 
 # --- tool test ------------------------------------------------------------------------------
@@ -225,7 +242,8 @@ def cmd_tool_test(args: argparse.Namespace) -> int:
     except BundleRejected as exc:
         for problem in exc.problems:
             if problem.file != MANIFEST_NAME:
-                print(printable(f"{_at(folder, problem)}: {problem.message}"), file=sys.stderr)
+                at = f"{folder / problem.file}" + (f":{problem.line}" if problem.line else "")
+                print(printable(f"{at}: {problem.message}"), file=sys.stderr)
         return 1
     except InputRejected as exc:
         return _refused(args, exc)

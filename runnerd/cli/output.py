@@ -30,6 +30,7 @@ __all__ = [
     "line_printer",
     "output",
     "printable",
+    "problem_line",
     "read_input",
     "settings_from_args",
     "store_from_args",
@@ -71,6 +72,13 @@ def printable(text: str) -> str:
     a file held can carry escape sequences; they are shown escaped (``\\x1b``), never
     sent. JSON output needs none of this: its encoder escapes them already."""
     return text.translate(_CONTROL)
+
+
+def problem_line(file: str, line: int | None, message: str) -> str:
+    """One problem as every command prints it, whether the CLI or the daemon found it:
+    the file relative to the app folder (as the API's ``problems`` name it), its line
+    when it has one, the message."""
+    return f"{file}:{line}: {message}" if line else f"{file}: {message}"
 
 
 def line_printer(rows: list[Any], fmt: Callable[[Any], str], empty: str) -> Callable[[], None]:

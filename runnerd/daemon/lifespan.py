@@ -33,7 +33,12 @@ from runnerd.config import Settings
 from runnerd.daemon.metrics_route import watch
 from runnerd.errors import DatabaseUnavailable, StoreUnavailable
 from runnerd.govern.governor import Governor
-from runnerd.limits import APPROVAL_EXPIRY_EVERY_S, APPROVED_RUNS_DRAIN_S, WARM_START_WAIT_S
+from runnerd.limits import (
+    APPROVAL_EXPIRY_EVERY_S,
+    APPROVED_RUNS_DRAIN_S,
+    DEV_PAGES_TTL_S,
+    WARM_START_WAIT_S,
+)
 from runnerd.mcp.endpoint import McpEndpoint
 from runnerd.model import Language
 from runnerd.run.jail import JailKind
@@ -244,10 +249,16 @@ async def _current_egress(store: Store, install_id: str) -> tuple[str, ...] | No
 
 
 async def _expire_approvals(governor: Governor) -> None:
-    """Expire (and audit) approvals past their time, every few seconds."""
+    """Expire (and audit) approvals past their time, every few seconds; and drop dev
+    pages past theirs (never served once past it; this frees their rows)."""
+    store = governor.store
     while True:
         await asyncio.sleep(APPROVAL_EXPIRY_EVERY_S)
         try:
             await governor.approvals.expire()
         except Exception as exc:
             log.error("approval expiry failed: %s", type(exc).__name__)
+        try:
+            await store.io(store.drop_stale_dev_pages, DEV_PAGES_TTL_S)
+        except Exception as exc:
+            log.error("dropping stale dev pages failed: %s", type(exc).__name__)

@@ -270,14 +270,39 @@ async function budgetSection(parent, install) {
 
 // --- one tool ----------------------------------------------------------------------------
 
+// A field's JSON Schema keywords that constrain its value, as short text: what the input
+// check enforces, so a person filling the form sees it before a run is refused.
+const RULES = [
+  ['minimum', (v) => `≥ ${v}`], ['exclusiveMinimum', (v) => `> ${v}`],
+  ['maximum', (v) => `≤ ${v}`], ['exclusiveMaximum', (v) => `< ${v}`],
+  ['multipleOf', (v) => `a multiple of ${v}`],
+  ['minLength', (v) => `at least ${v} character${v === 1 ? '' : 's'}`],
+  ['maxLength', (v) => `at most ${v} character${v === 1 ? '' : 's'}`],
+  ['pattern', (v) => `matches ${v}`], ['format', (v) => `format ${v}`],
+  ['minItems', (v) => `at least ${v} item${v === 1 ? '' : 's'}`],
+  ['maxItems', (v) => `at most ${v} item${v === 1 ? '' : 's'}`],
+  ['uniqueItems', (v) => (v ? 'unique items' : '')],
+  ['minProperties', (v) => `at least ${v} field${v === 1 ? '' : 's'}`],
+  ['maxProperties', (v) => `at most ${v} field${v === 1 ? '' : 's'}`],
+  ['const', (v) => `exactly ${JSON.stringify(v)}`],
+  ['default', (v) => `default ${JSON.stringify(v)}`],
+];
+
+function fieldRules(p) {
+  return RULES.filter(([key]) => p[key] !== undefined).map(([key, text]) => text(p[key]))
+    .filter(Boolean).join(', ');
+}
+
+function fieldType(p) {
+  if (Array.isArray(p.enum)) return `one of ${p.enum.map((x) => JSON.stringify(x)).join(', ')}`;
+  return Array.isArray(p.type) ? p.type.join(' or ') : (p.type || 'any');
+}
+
 function fieldTable(schema) {
   const props = (schema && schema.properties) || {};
   const required = new Set((schema && schema.required) || []);
-  const rows = Object.entries(props).map(([name, p]) => [h('code', {}, name),
-    Array.isArray(p.enum) ? `one of ${p.enum.map((x) => JSON.stringify(x)).join(', ')}` : (p.type || 'any'),
-    required.has(name) ? 'yes' : '', p.description || '',
-    [p.minimum !== undefined ? `≥ ${p.minimum}` : '', p.maximum !== undefined ? `≤ ${p.maximum}` : '',
-      p.default !== undefined ? `default ${JSON.stringify(p.default)}` : ''].filter(Boolean).join(', ')]);
+  const rows = Object.entries(props).map(([name, p]) => [h('code', {}, name), fieldType(p),
+    required.has(name) ? 'yes' : '', p.description || '', fieldRules(p)]);
   return table(['Field', 'Type', 'Required', 'Description', 'Rules'], rows, 'No named fields.');
 }
 
