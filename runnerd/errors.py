@@ -324,7 +324,7 @@ class BundleRejected(RunnerdError):
     reason, status = "BUNDLE_REJECTED", 400
 
     def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
+        self.problems = problems = list(dict.fromkeys(problems))  # one found twice: once
         count = len(problems)
         super().__init__(
             f"{count} problem{'s' if count != 1 else ''} in the upload; nothing stored"

@@ -389,6 +389,22 @@ def test_delete_removes_the_dev_pages_from_the_store(
     assert daemon.call("DELETE", path, key).json() == {"name": "dev-pages", "deleted": False}
 
 
+def test_a_person_taken_out_of_the_workspace_leaves_no_dev_pages(
+    daemon: Daemon, installed: dict[str, str]
+) -> None:
+    install_id = installed["installId"]
+    key = daemon.person("dev-leaver@example.com")
+    assert _put(daemon, install_id, key, "Leaving").status_code == 200
+    assert len(_held_rows(daemon, install_id)) == 1
+    store = daemon.store()
+    try:
+        user = store.ensure_user("dev-leaver@example.com")
+        assert store.remove_member(daemon.workspace_id, user.id)
+    finally:
+        store.close()
+    assert _held_rows(daemon, install_id) == []
+
+
 def test_dev_pages_expire_an_hour_after_the_last_put_by_the_databases_clock(
     daemon: Daemon, installed: dict[str, str]
 ) -> None:

@@ -302,6 +302,10 @@ def test_every_answer_carries_the_security_headers(app_daemon: InProcess) -> Non
         assert "unsafe-inline" not in csp
         assert headers["x-content-type-options"] == "nosniff"
         assert headers["referrer-policy"] == "no-referrer"
+    # What the API answers (a session's CSRF token, a frame token, a person's data) is
+    # kept by no cache.
+    for path in ("/api/v2/session", "/api/v2/apps/tools?workspaceId=x"):
+        assert app_daemon.fresh("GET", path).headers["cache-control"] == "no-store", path
     page = app_daemon.fresh("GET", "/").text
     assert '<script type="module" src="/static/app.js"></script>' in page
     assert "<script>" not in page and "style=" not in page
@@ -323,6 +327,23 @@ def _user_id(daemon: Runnerd, email: str) -> str:
         "GET", f"/api/v2/workspaces/{daemon.workspace_id}/members", daemon.admin_key
     ).json()["data"]
     return str(next(m["userId"] for m in members if m["email"] == email))
+
+
+def test_a_request_with_two_session_cookies_is_signed_out(app_daemon: InProcess) -> None:
+    """A browser holding a session cookie someone else tossed in (set for a parent domain
+    or by a page of the same host) sends two: neither is taken, whichever comes first."""
+    mine, theirs = app_daemon.client(), app_daemon.client()
+    _sign_in(mine, apiKey=app_daemon.admin_key)
+    _sign_in(theirs, apiKey=app_daemon.person("tosser@example.com", role="member"))
+    own = mine.cookies["runnerd_session"]
+    tossed = theirs.cookies["runnerd_session"]
+    for first, second in ((own, tossed), (tossed, own)):
+        header = {"Cookie": f"runnerd_session={first}; other=1; runnerd_session={second}"}
+        envelope(app_daemon.fresh("GET", "/api/v2/session", headers=header), 401)
+    alone = app_daemon.fresh("GET", "/api/v2/session", headers={"Cookie": f"runnerd_session={own}"})
+    assert alone.status_code == 200, alone.text
+    mine.close()
+    theirs.close()
 
 
 def test_a_session_dies_with_the_key_it_signed_in_with(

@@ -52,7 +52,13 @@ class CookieSigner:
         return secret
 
     def secret_of(self, request: Request) -> str | None:
-        """The session secret of the request's cookie, if this daemon signed it."""
+        """The session secret of the request's cookie, if this daemon signed it. A request
+        carrying the cookie twice is signed out: the browser holds one set by someone else
+        (a page on a sibling host or a parent domain tossing its own session in), and
+        which one a server reads is the order the browser sends them in."""
+        header = request.headers.get("cookie", "")
+        if header.count(f"{SESSION_COOKIE}=") > 1 and _session_cookies(header) > 1:
+            return None
         value = request.cookies.get(SESSION_COOKIE)
         return self.unsign(value) if value else None
 
@@ -75,3 +81,8 @@ class CookieSigner:
             samesite="strict",
             secure=request.url.scheme == "https",
         )
+
+
+def _session_cookies(header: str) -> int:
+    """How many cookies of the Cookie header are named SESSION_COOKIE."""
+    return sum(1 for part in header.split(";") if part.strip().startswith(f"{SESSION_COOKIE}="))

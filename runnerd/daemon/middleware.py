@@ -94,6 +94,11 @@ class RequestIds:
             REQUEST_ID.reset(token)
 
 
+# Answers a cache must not keep (a person's data, a session's CSRF token, a frame token),
+# unless a route says otherwise.
+_PRIVATE_PATHS = ("/api/", "/mcp", "/oauth/")
+
+
 class SecurityHeaders:
     """Adds the security headers to every answer (the API's JSON and the Manage page
     alike), keeping any a route set itself."""
@@ -106,12 +111,16 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
 
+        private = scope["path"].startswith(_PRIVATE_PATHS)
+
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 present = {name.lower() for name, _ in message.get("headers", [])}
                 message["headers"] = list(message.get("headers", [])) + [
                     (name, value) for name, value in SECURITY_HEADERS if name not in present
                 ]
+                if private and b"cache-control" not in present:
+                    message["headers"].append((b"cache-control", b"no-store"))
             await send(message)
 
         await self.app(scope, receive, with_headers)

@@ -126,6 +126,12 @@ class PeopleStore(AuditStore):
                 [workspace_id, user_id],
             )
             if cur.rowcount:
+                # Their dev pages of the workspace's installs: never served again, so gone.
+                self.db.execute(
+                    "DELETE FROM dev_pages WHERE user_id = ? AND install_id IN "
+                    "(SELECT id FROM installs WHERE workspace_id = ?)",
+                    [user_id, workspace_id],
+                )
                 self._append_audit(
                     "member.remove",
                     workspace_id=workspace_id,

@@ -127,6 +127,21 @@ def _egress(tree: Any, problems: list[Problem]) -> tuple[str, ...]:
 # --- The whole bundle -----------------------------------------------------------------------
 
 
+def _with_manifest_lines(found: list[Problem], files: Mapping[str, bytes]) -> list[Problem]:
+    """``found``, the manifest's problems with the line of the key they name (``entry:``,
+    ``pages:``), where they have none."""
+    if not any(p.file == L.MANIFEST_NAME and p.line is None for p in found):
+        return found
+    tree = load_yaml(files[L.MANIFEST_NAME].decode("utf-8", "replace"))
+    out = []
+    for problem in found:
+        key = problem.message.split(":", 1)[0]
+        if problem.file == L.MANIFEST_NAME and problem.line is None and key in ("entry", "pages"):
+            problem = Problem(problem.file, problem.message, line_of(tree, (key,)))
+        out.append(problem)
+    return out
+
+
 def load_bundle(files: Mapping[str, bytes], *, toolchain: Toolchain | None) -> Bundle:
     """Check ``files`` (path relative to the app root -> content) against every rule.
 
@@ -178,7 +193,9 @@ def load_bundle(files: Mapping[str, bytes], *, toolchain: Toolchain | None) -> B
     pages: tuple[Page, ...] = ()
     if manifest.pages is not None:
         not_pages = not_pages_of(named, tool_files)
-        pages = check_pages(manifest.pages, manifest.entry, files, not_pages, problems)
+        found: list[Problem] = []
+        pages = check_pages(manifest.pages, manifest.entry, files, not_pages, found)
+        problems.extend(_with_manifest_lines(found, files))
 
     drafts = [d for p in tool_files if (d := load_tool(p, files, problems)) is not None]
     by_name: dict[str, str] = {}

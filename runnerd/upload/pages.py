@@ -124,6 +124,14 @@ def read_pages(root: Path, value: str) -> tuple[dict[str, bytes], list[Problem]]
         return {}, []  # the manifest's check names it
     base = root / folder
     shown = f"{folder}/"
+    if base.is_file():
+        return {}, [
+            Problem(
+                L.MANIFEST_NAME,
+                f"pages: {folder} is a file, not a folder: name the folder holding the pages "
+                "(such as ./web)",
+            )
+        ]
     if not base.is_dir():
         return {}, [Problem(shown, "is the manifest's pages folder, and there is no such folder")]
     real_root = root.resolve()
