@@ -350,6 +350,14 @@ def test_a_git_deploy_names_the_bad_field(daemon: Daemon) -> None:
     listed = daemon.call("GET", f"/api/v2/workspaces/{daemon.workspace_id}/git-deploys",
                          daemon.admin_key).json()["data"]  # fmt: skip
     assert all(g["appSlug"] != "git-fields" for g in listed)
+    # A slug no app can have (the manifest's rule): no Git deploy for it.
+    upper_slug = f"/api/v2/workspaces/{daemon.workspace_id}/git-deploys/EVIL"
+    envelope(
+        daemon.call(
+            "PUT", upper_slug, daemon.admin_key, json={"repository": "https://example.com/x.git"}
+        ),
+        400,
+    )
     # A scheme in capitals is the scheme: kept as the daemon fetches it.
     upper = daemon.call(
         "PUT", path, daemon.admin_key, json={"repository": "HTTPS://example.com/x.git"}

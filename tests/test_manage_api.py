@@ -346,6 +346,23 @@ def test_a_request_with_two_session_cookies_is_signed_out(app_daemon: InProcess)
     theirs.close()
 
 
+def test_over_https_the_session_cookie_is_a_host_cookie(app_daemon: InProcess) -> None:
+    """Over HTTPS (a TLS proxy in front, or the daemon's own), the cookie is
+    __Host-runnerd_session: Secure, host-only, path /, which no sibling host or parent
+    domain can set; the plain name is not read there."""
+    with httpx.Client(base_url="https://testserver", transport=app_daemon._transport) as tls:
+        made = tls.post("/api/v2/session", json={"apiKey": app_daemon.admin_key})
+        assert made.status_code == 200, made.text
+        cookie = made.headers["set-cookie"]
+        assert cookie.startswith("__Host-runnerd_session=") and "Secure" in cookie, cookie
+        assert "Domain" not in cookie and "Path=/" in cookie, cookie
+        assert tls.get("/api/v2/session").status_code == 200
+        value = tls.cookies["__Host-runnerd_session"]
+    with httpx.Client(base_url="https://testserver", transport=app_daemon._transport) as other:
+        plain = other.get("/api/v2/session", headers={"Cookie": f"runnerd_session={value}"})
+        envelope(plain, 401)
+
+
 def test_a_session_dies_with_the_key_it_signed_in_with(
     app_daemon: InProcess, browser_like: httpx.Client
 ) -> None:

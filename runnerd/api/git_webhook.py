@@ -60,6 +60,7 @@ _log = logging.getLogger("runnerd")
 
 MAX_PUSH_BODY_BYTES = L.MAX_PUSH_BODY_BYTES
 _OBJECT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_SLUG = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")  # schemas/agentserve.app.schema.json's slug
 
 
 def _webhook_url(state: AppState, workspace_id: str, slug: str) -> str:
@@ -118,7 +119,10 @@ def _ref_pattern(ref: str) -> str:
 
 
 def _slug_param(request: Request) -> str:
-    return str(request.path_params["appSlug"])
+    slug = str(request.path_params["appSlug"])
+    if not _SLUG.fullmatch(slug):  # the manifest's rule: no app can have another slug
+        raise InvalidBody(f"appSlug: {slug[:80]!r} is not an app slug (a-z, 0-9 and -)")
+    return slug
 
 
 async def put_git_deploy(request: Request, state: AppState) -> Response:

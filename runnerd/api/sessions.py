@@ -19,9 +19,17 @@ from pathlib import Path
 from starlette.requests import Request
 from starlette.responses import Response
 
-__all__ = ["SESSION_COOKIE", "CookieSigner"]
+__all__ = ["SECURE_SESSION_COOKIE", "SESSION_COOKIE", "CookieSigner", "cookie_name"]
 
 SESSION_COOKIE = "runnerd_session"
+# Over HTTPS the cookie is a __Host- one: Secure, for this host and path / only, so no other
+# host (a sibling name, a parent domain's page) can set one that takes its place.
+SECURE_SESSION_COOKIE = "__Host-" + SESSION_COOKIE
+
+
+def cookie_name(request: Request) -> str:
+    """The session cookie's name for this request's scheme."""
+    return SECURE_SESSION_COOKIE if request.url.scheme == "https" else SESSION_COOKIE
 
 
 @dataclass(frozen=True)
@@ -56,15 +64,16 @@ class CookieSigner:
         carrying the cookie twice is signed out: the browser holds one set by someone else
         (a page on a sibling host or a parent domain tossing its own session in), and
         which one a server reads is the order the browser sends them in."""
+        name = cookie_name(request)
         header = request.headers.get("cookie", "")
-        if header.count(f"{SESSION_COOKIE}=") > 1 and _session_cookies(header) > 1:
+        if header.count(f"{name}=") > 1 and _session_cookies(header, name) > 1:
             return None
-        value = request.cookies.get(SESSION_COOKIE)
+        value = request.cookies.get(name)
         return self.unsign(value) if value else None
 
     def set(self, response: Response, request: Request, secret: str, max_age_s: int) -> None:
         response.set_cookie(
-            SESSION_COOKIE,
+            cookie_name(request),
             self.sign(secret),
             max_age=max_age_s,
             path="/",
@@ -75,7 +84,7 @@ class CookieSigner:
 
     def clear(self, response: Response, request: Request) -> None:
         response.delete_cookie(
-            SESSION_COOKIE,
+            cookie_name(request),
             path="/",
             httponly=True,
             samesite="strict",
@@ -83,6 +92,6 @@ class CookieSigner:
         )
 
 
-def _session_cookies(header: str) -> int:
-    """How many cookies of the Cookie header are named SESSION_COOKIE."""
-    return sum(1 for part in header.split(";") if part.strip().startswith(f"{SESSION_COOKIE}="))
+def _session_cookies(header: str, name: str) -> int:
+    """How many cookies of the Cookie header are named ``name``."""
+    return sum(1 for part in header.split(";") if part.strip().startswith(f"{name}="))

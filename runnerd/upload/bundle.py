@@ -180,6 +180,13 @@ def load_bundle(files: Mapping[str, bytes], *, toolchain: Toolchain | None) -> B
         )
     stems = {p[: -len(L.TOOL_SUFFIX)] for p in tool_files}
     for path in named:
+        if not path.endswith(L.TOOL_SUFFIX) and path.lower().endswith(L.TOOL_SUFFIX):
+            warnings.append(
+                Problem(
+                    path,
+                    f"is not a tool: a tool file's name ends in {L.TOOL_SUFFIX}, in lower case",
+                )
+            )
         root, ext = posixpath.splitext(path)
         if ext in L.SOURCE_LANGUAGES and root not in stems:
             warnings.append(
