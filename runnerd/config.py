@@ -100,6 +100,13 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Jails started ahead of calls, per language (and per package environment in use):
     # each still serves exactly one call; 0 starts every jail when its call comes.
     warm_jails: int = 2
+    # Python tools' jails forked from a template (a prepared interpreter in a jail of its
+    # own, docs/SECURITY.md): python_templates for tools without packages; with
+    # package_templates also for tools with packages (their template has imported the
+    # package set, so it runs that code: off by default, SECURITY.md says why). Off: every
+    # Python jail is a fresh nsjail.
+    python_templates: bool = True
+    package_templates: bool = False
     # Admission: runs at once, and calls that may wait for a slot before 503.
     max_concurrent_runs: int = 8
     max_queued_runs: int = 64
@@ -300,7 +307,8 @@ def load_settings(
     for key in ("data_dir", "toolchain_dir", "cache_dir", "secrets_key_file", "audit_key_file",
                 "uid_lock_dir"):  # fmt: skip
         if merged.get(key) is not None:
-            merged[key] = str(Path(str(merged[key])).expanduser())
+            # Absolute from the start: the daemon's jails mount these from another cwd.
+            merged[key] = str(Path(str(merged[key])).expanduser().absolute())
     try:
         settings = msgspec.convert(merged, Settings, strict=False, dec_hook=_decode_path)
     except msgspec.ValidationError as exc:

@@ -97,6 +97,7 @@ __all__ = [
     "Stopping",
     "StoreUnavailable",
     "SurfaceNotProven",
+    "TemplateUnavailable",
     "TooManyConnections",
     "ToolNotFound",
     "ToolUnusable",
@@ -727,17 +728,33 @@ class KeyNotFound(RunnerdError):
 
 class InputRejected(RunnerdError):
     """The call is refused before any sandbox starts; ``code`` is the reason (a subclass
-    below) and ``pointer`` the JSON pointer of the failing field."""
+    below) and ``pointer`` the JSON pointer of the failing field (the first, when
+    ``problems`` lists several: each ``{"pointer", "message"}``, a bounded number, and
+    ``more`` says how many were left out; on the wire ``details.inputProblems`` and
+    ``details.moreInputProblems``, as ``details.problems`` is a bundle's files)."""
 
     status = 400
     code: ClassVar[str]
 
-    def __init__(self, message: str, pointer: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        pointer: str | None = None,
+        *,
+        problems: list[dict[str, str]] | None = None,
+        more: int = 0,
+    ) -> None:
         self.pointer = pointer
+        self.problems = problems
+        self.more = more
         super().__init__(message)
 
     def wire_details(self) -> dict[str, Any]:
-        return {} if self.pointer is None else {"pointer": self.pointer}
+        details: dict[str, Any] = {} if self.pointer is None else {"pointer": self.pointer}
+        if self.problems is not None:
+            details["inputProblems"] = self.problems
+            details["moreInputProblems"] = self.more
+        return details
 
 
 class InvalidInput(InputRejected):
@@ -762,6 +779,12 @@ class SandboxUnavailable(RunnerdError):
     """The jail cannot start at all (no nsjail, no runtime, no free uid)."""
 
     reason, status = "SANDBOXUNAVAILABLE", 503  # the wire reason clients already know
+
+
+class TemplateUnavailable(SandboxUnavailable):
+    """A Python template could not give this call a child it could verify (dead, refused,
+    stuck, or a child that failed the daemon's checks): the call runs in a fresh nsjail
+    instead. Never reaches a caller."""
 
 
 class EnvBuildFailed(RunnerdError):

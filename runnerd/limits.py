@@ -96,6 +96,10 @@ COMPILED_CACHE_TOOLS: Final = 1024  # runnerd: Python tools whose bytecode the d
 # for the typical tool (a schema of 1 KB, a value of a few hundred bytes).
 MAX_INLINE_CHECK_WORK: Final = 400_000
 VALIDATOR_CACHE: Final = 2048  # runnerd: compiled schema validators kept (tool x input/output)
+# runnerd: an input refusal names at most this many problems (details.problems), then
+# "and N more"; the explaining pass stops counting at MAX_INPUT_PROBLEMS_COUNTED.
+MAX_INPUT_PROBLEMS: Final = 20
+MAX_INPUT_PROBLEMS_COUNTED: Final = 1000
 # runnerd: RE2's memory budget for one compiled schema pattern; a larger program is refused.
 MAX_PATTERN_MEMORY: Final = 8 * MB
 # runnerd: RE2's memory budget for a run's scrubber, every spelling of every secret at once.
@@ -123,6 +127,9 @@ MAX_ID_CHARS: Final = 64
 # version string are at most 64 characters each.
 MAX_SLUG_CHARS: Final = 64
 MAX_VERSION_CHARS: Final = 64
+# runnerd: a version diff's schema changes listed for one tool (api/version_diff.py); more
+# is marked truncated: a person reads a few dozen, and the answer stays small.
+MAX_DIFF_SCHEMA_CHANGES: Final = 100
 
 # runnerd: a body of a few fields (sign-in, a member, a key, an install, a switch, a grant,
 # a budget); far larger is refused unread.
@@ -238,6 +245,28 @@ WARM_MIN_LIFE_S: Final = 1.0
 # runnerd: at shutdown, how long the ends of jails are waited for: the longest run, and 5 s.
 SANDBOX_CLOSE_WAIT_S: Final = MAX_TIMEOUT_S + 5
 REPLY_FRAME_BYTES: Final = 4 * KB  # runnerd: the reply's frame and fields around the output
+EGRESS_SOCKET: Final = "/run/egress.sock"  # runnerd: where a jail with a grant sees the proxy
+# --- Python templates (issue 27: run/templates.py, sandbox/template_py.py) -----------------
+# runnerd: children of one template before it is recycled (re-exec'd): its children share
+# its str hash secret and address-space layout, so this bounds how many calls do.
+TEMPLATE_MAX_FORKS: Final = 2_000
+TEMPLATE_MAX_AGE_S: Final = 900.0  # runnerd: age at which a template is recycled (same bound)
+# runnerd: a template's start: the interpreter, the harness and the package set's imports
+# (a heavy set such as numpy + pandas takes a second or two on a loaded 2-core host).
+TEMPLATE_START_TIMEOUT_S: Final = 20.0
+# runnerd: one fork: the template's answer and the child's sandbox set-up (~3 ms measured).
+TEMPLATE_FORK_TIMEOUT_S: Final = 5.0
+TEMPLATE_OPEN_FILES: Final = 4_096  # runnerd: the template's nofile (a pidfd per live child)
+# runnerd: a SIGKILLed child's reaping, as its template reports it; also a template's stop.
+TEMPLATE_STOP_WAIT_S: Final = 2.0
+# runnerd: after a template failed to start or its child failed verification, its kind's
+# calls go to a fresh nsjail this long before a template is tried again.
+TEMPLATE_RETRY_S: Final = 30.0
+TEMPLATE_MESSAGE_BYTES: Final = 4 * KB  # runnerd: one control message (a few short fields)
+TEMPLATE_CHILD_KILLED: Final = 128 + 9  # nsjail's status for a jail it SIGKILLed; a child the same
+# runnerd: entries of a package env walked for FIFOs, sockets and devices before a template
+# mounts it (a large set such as torch has ~20,000 files).
+TEMPLATE_ENV_MAX_ENTRIES: Final = 200_000
 MAX_JAIL_LOG_BYTES: Final = 16 * KB  # runnerd: nsjail's own messages about one jail
 HARNESS_COMPILE_TIMEOUT_S: Final = 60  # runnerd: compiling the Python harness, once at start
 

@@ -352,8 +352,8 @@ def test_a_page_opened_on_its_own_is_refused_and_could_set_no_cookie(
     [after] = [c for c in tab.context.cookies() if c["name"] == "runnerd_session"]
     assert after["value"] == session["value"]
     tossed = frame.evaluate(
-        "() => { try { document.cookie = 'runnerd_session=tossed; path=/'; return document.cookie; }"
-        " catch (e) { return 'threw ' + e.name; } }"
+        "() => { try { document.cookie = 'runnerd_session=tossed; path=/';"
+        " return document.cookie; } catch (e) { return 'threw ' + e.name; } }"
     )
     assert "tossed" not in tossed
     assert [c["value"] for c in tab.context.cookies() if c["name"] == "runnerd_session"] == [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,22 @@ from runnerd.errors import SandboxUnavailable
 from runnerd.limits import LEFTOVER_WAIT_S, REPLY_GRACE_S, STOP_GRACE_S
 from runnerd.run.jail import JailEnd, Job, Sandbox, UidPool
 from runnerd.run.machine import Machine
-from runnerd.run.spawn import kill_leftovers
+from runnerd.run.spawn import Jail, kill_leftovers
+
+# Python jails both ways: forked from a template (the default) and a fresh nsjail per call.
+PATHS = pytest.mark.parametrize("templates", [True, False], ids=["template", "nsjail"])
+
+
+@contextlib.contextmanager
+def python_jails(machine: Machine, *, templates: bool) -> Iterator[None]:
+    """``machine``'s Python jails forked from templates, or fresh nsjails, meanwhile."""
+    sandbox = machine.sandbox
+    before = sandbox.limits
+    sandbox.limits = dataclasses.replace(before, python_templates=templates)
+    try:
+        yield
+    finally:
+        sandbox.limits = before
 
 
 def test_two_pools_over_one_host_folder_never_hand_out_the_same_uid(tmp_path: Path) -> None:
@@ -54,7 +71,10 @@ LINGER = (
 
 
 @pytest.mark.jail
-def test_a_calls_jail_end_comes_once_its_jail_is_reaped_not_at_its_answer(machine: Machine) -> None:
+@PATHS
+def test_a_calls_jail_end_comes_once_its_jail_is_reaped_not_at_its_answer(
+    machine: Machine, templates: bool
+) -> None:
     """What the run slots count: ``on_end`` is called once, after the answer, when the
     jail (here one that would linger 60 s past its reply) has been stopped and reaped."""
     seen: list[tuple[float, bool]] = []
@@ -73,7 +93,8 @@ def test_a_calls_jail_end_comes_once_its_jail_is_reaped_not_at_its_answer(machin
         end()  # a second call does nothing
         return answered - started, answered
 
-    waited, answered = asyncio.run(scenario())
+    with python_jails(machine, templates=templates):
+        waited, answered = asyncio.run(scenario())
     assert waited < 1.0
     assert len(seen) == 1
     ended, all_reaped = seen[0]
@@ -95,13 +116,15 @@ def test_a_jail_whose_nsjail_must_be_killed_ends_with_nothing_of_it_running(
         result = await machine.pipeline.run(make_tool(machine, LINGER), {}, logs=False, on_end=end)
         assert result.status == "succeeded", result.error
         [jail] = machine.sandbox._serving
+        assert isinstance(jail, Jail)  # a fresh nsjail
         uid.append(jail.uid)
         os.kill(jail.proc._popen.pid, signal.SIGSTOP)
         deadline = time.monotonic() + REPLY_GRACE_S + STOP_GRACE_S + LEFTOVER_WAIT_S + 1
         while not seen and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
 
-    asyncio.run(scenario())
+    with python_jails(machine, templates=False):  # nsjail's own stop
+        asyncio.run(scenario())
     assert seen == [[]]
 
 

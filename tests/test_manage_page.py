@@ -533,3 +533,265 @@ def test_a_role_change_asks_first(tab: Callable[..., Page], daemon: Daemon) -> N
         "GET", f"/api/v2/workspaces/{daemon.workspace_id}/members", daemon.admin_key
     ).json()
     assert {m["email"]: m["role"] for m in members["data"]}["page-role@example.com"] == "builder"
+
+
+# --- day two (issue 28): what refreshes, what a run shows while it runs, dates, budgets,
+# the audit's filters, inline refusals, version diffs ---------------------------------------
+
+SLOW = """\
+import time
+def run(input):
+    time.sleep(1.5)
+    return {"slept": True}
+"""
+QUICK = "def run(input):\n    return {'ok': True}\n"
+
+
+def _small_app(root: Path, slug: str, tools: dict[str, str], *, version: str = "1",
+               egress: list[str] | None = None, schema: Any = None) -> Path:  # fmt: skip
+    app = AppDir(root)
+    lines = "".join(f"  - '{e}'\n" for e in egress or [])
+    app.write(
+        "agentserve.app.yaml",
+        f"slug: {slug}\nname: {slug.title()}\nversion: '{version}'\ntools: ./tools/*\n"
+        + (f"egress:\n{lines}" if lines else ""),
+    )
+    for name, source in tools.items():
+        app.tool(name, yaml=tool_doc(name, input=schema), source=source)
+    return root
+
+
+def test_the_usage_chart_and_the_keys_list_refresh_without_a_reload(
+    tab: Callable[..., Page], daemon: Daemon, tmp_path: Path
+) -> None:
+    installed = daemon.ship(_small_app(tmp_path / "charted", "charted", {"quick": QUICK}))
+    iid = installed["installId"]
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    page.open(f"/#/installs/{iid}")
+    page.tab.wait_for_selector("img.chart")
+    assert daemon.run(iid, "quick", {}).status_code == 200
+    # Back from the tool's screen (no reload): the chart is fetched anew, and counts the run.
+    page.tab.click("#tools a:has-text('quick')")
+    page.tab.wait_for_selector("h2:has-text('Last runs')")
+    with page.tab.expect_response(lambda r: "usage.svg" in r.url) as chart:
+        page.tab.click(".crumbs a:has-text('charted')")
+    assert ": 1 succeeded" in chart.value.text()
+    # The page stays open; a new key is listed at once.
+    page.open("/#/people")
+    page.tab.fill("#key-name", "refresh-check")
+    page.tab.click("button:has-text('Create key')")
+    shown = page.tab.wait_for_selector(".new-key code").inner_text()
+    row = page.tab.wait_for_selector("#keys-list tr:has-text('refresh-check')")
+    prefix = row.query_selector("code").inner_text().rstrip("…")
+    assert shown.startswith(prefix)
+
+
+def test_a_test_run_shows_a_spinner_and_the_time_so_far(
+    tab: Callable[..., Page], daemon: Daemon, tmp_path: Path
+) -> None:
+    iid = daemon.ship(_small_app(tmp_path / "slow", "slowpoke", {"nap": SLOW}))["installId"]
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    page.open(f"/#/installs/{iid}/tools/nap")
+    page.tab.click("form.schema-form button[type=submit]")
+    page.tab.wait_for_selector(".running .spinner")
+    page.tab.wait_for_function(
+        "() => parseFloat(document.querySelector('.running .elapsed').textContent) >= 0.5"
+    )
+    assert page.tab.get_attribute(".running", "role") == "status"
+    page.tab.wait_for_selector(".result .badge:has-text('succeeded')")
+    assert page.tab.query_selector(".running") is None
+
+
+def test_dates_are_in_the_viewers_locale_with_the_iso_in_a_title(
+    browser: Any, daemon: Daemon, install: str
+) -> None:
+    run = daemon.run(install, "score_offer", {**{k: int(v) for k, v in GOOD.items()},
+                                              "tier": "standard"}).json()  # fmt: skip
+    context = browser.new_context(locale="de-DE", timezone_id="Europe/Berlin")
+    tab = context.new_page()
+    try:
+        tab.goto(daemon.url + "/")
+        tab.fill("#api-key", daemon.admin_key)
+        tab.click("button:has-text('Sign in')")
+        tab.wait_for_selector("h1:has-text('Apps')")
+        tab.goto(f"{daemon.url}/#/runs/{run['runId']}")
+        started = tab.wait_for_selector("dt:has-text('Started') + dd time")
+        iso = started.get_attribute("datetime")
+        assert started.get_attribute("title") == iso and iso.startswith("20")
+        shown = started.inner_text()
+        expected = tab.evaluate("(iso) => new Date(iso).toLocaleString('de-DE')", iso)
+        assert shown == expected and shown != iso
+        assert "." in shown.split(",")[0]  # 4.12.2026: the German order, not ISO's
+    finally:
+        context.close()
+
+
+def test_the_budget_is_in_one_unit_and_an_exhausted_one_says_so(
+    tab: Callable[..., Page], daemon: Daemon, tmp_path: Path
+) -> None:
+    iid = daemon.ship(_small_app(tmp_path / "spent", "spent", {"quick": QUICK}))["installId"]
+    assert daemon.run(iid, "quick", {}).status_code == 200
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    page.open(f"/#/installs/{iid}")
+    line = page.tab.wait_for_selector("#budget .budget-line").inner_text()
+    assert "no limit" in line and " ms" not in line and "exhausted" not in line
+    page.tab.fill("#budget-s", "0.001")  # 1 ms: spent already
+    page.tab.click("button:has-text('Set budget')")
+    page.tab.wait_for_selector("#budget .badge.bad:has-text('exhausted')")
+    line = page.tab.inner_text("#budget .budget-line")
+    assert "limit 0 s" in line and " ms" not in line, line
+    assert "refused" in page.tab.inner_text("#budget-exhausted")
+    budget = daemon.call("GET", f"/api/v2/apps/installs/{iid}/budget", daemon.admin_key).json()
+    assert budget["monthlyMs"] == 1
+    refused = daemon.run(iid, "quick", {})
+    assert refused.status_code == 403, refused.text  # what the label promised
+
+
+def test_the_audit_screen_has_surface_and_duration_and_filters(
+    tab: Callable[..., Page], daemon: Daemon, tmp_path: Path
+) -> None:
+    iid = daemon.ship(_small_app(tmp_path / "audited", "audited", {"quick": QUICK}))["installId"]
+    assert daemon.run(iid, "quick", {}, surface="relay").status_code == 200
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    page.open("/#/audit")
+    page.tab.wait_for_selector("th:has-text('Surface')")
+    headers = page.tab.eval_on_selector_all("main table th", "ths => ths.map(t => t.innerText)")
+    assert {"Surface", "Duration"} <= set(headers), headers
+
+    def rows() -> list[dict[str, str]]:
+        page.tab.wait_for_selector("#audit-count")
+        found = page.tab.evaluate(
+            "[...document.querySelectorAll('main table tbody tr')]"
+            ".map(tr => [...tr.cells].map(td => td.innerText))"
+        )
+        return [dict(zip(headers, r, strict=True)) for r in found]
+
+    page.tab.select_option("#audit-installId", iid)
+    page.tab.select_option("#audit-surface", "relay")
+    page.tab.click("form.filters button[type=submit]")
+    page.tab.wait_for_selector("#audit-count[data-filters*='surface=relay']")  # drawn anew
+    found = rows()
+    assert found and all(r["Surface"] == "relay" and r["Tool"] == "quick" for r in found), found
+    assert all(r["Duration"].endswith(("ms", " s")) for r in found), found
+    page.tab.fill("#audit-action", "app")
+    page.tab.select_option("#audit-surface", "")
+    page.tab.click("form.filters button[type=submit]")
+    page.tab.wait_for_selector(f"#audit-count[data-filters='action=app&installId={iid}']")
+    found = rows()
+    assert found and all(r["Action"].startswith("app.") for r in found), found
+    page.open("/#/audit?since=2999-01-01")
+    page.tab.wait_for_selector("text=No entries match.")
+    admin = daemon.call(
+        "GET", f"/api/v2/workspaces/{daemon.workspace_id}/members", daemon.admin_key
+    ).json()["data"]
+    asker = daemon.person("audit-filter@example.com", role="member")
+    assert daemon.run(iid, "quick", {}, key=asker).status_code == 200
+    [who] = [
+        m["userId"]
+        for m in daemon.call(
+            "GET", f"/api/v2/workspaces/{daemon.workspace_id}/members", daemon.admin_key
+        ).json()["data"]
+        if m["email"] == "audit-filter@example.com"
+    ]
+    assert who not in {m["userId"] for m in admin}
+    page.open(f"/#/audit?person={who}")
+    found = rows()
+    assert found and all(r["Who"] == "audit-filter@example.com" for r in found), found
+
+
+def test_a_refused_secret_stays_next_to_its_field(
+    tab: Callable[..., Page], daemon: Daemon, install: str
+) -> None:
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    page.open(f"/#/installs/{install}")
+    page.tab.wait_for_selector("#secret-name")
+    page.tab.fill("#secret-name", "SHORT_ONE")
+    page.tab.fill("#secret-value", "ab")  # too short to scrub from outputs
+    page.tab.click("button:has-text('Set secret')")
+    error = page.tab.wait_for_selector("#secret-value-error:not(:empty)")
+    assert "characters" in error.inner_text()
+    assert page.tab.get_attribute("#secret-value", "aria-invalid") == "true"
+    page.tab.wait_for_timeout(3500)  # longer than a toast stays
+    assert page.tab.is_visible("#secret-value-error")
+    page.tab.fill("#secret-name", "lower_case")
+    page.tab.fill("#secret-value", "a-long-enough-value")
+    page.tab.click("button:has-text('Set secret')")
+    page.tab.wait_for_selector("#secret-name-error:not(:empty)")
+    assert page.tab.inner_text("#secret-value-error") == ""  # the old refusal is gone
+    names = daemon.call("GET", f"/api/v2/apps/installs/{install}/secrets", daemon.admin_key).text
+    assert "SHORT_ONE" not in names and "lower_case" not in names
+
+
+def test_a_required_enum_is_left_for_the_person_to_pick(
+    tab: Callable[..., Page], daemon: Daemon, install: str
+) -> None:
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    page.open(f"/#/installs/{install}/tools/score_offer")
+    page.tab.wait_for_selector("form.schema-form [name=tier]")
+    assert page.tab.input_value("form.schema-form [name=tier]") == ""
+    for name, value in GOOD.items():
+        page.tab.fill(f"form.schema-form [name={name}]", value)
+    before = daemon.call("GET", f"/api/v2/apps/installs/{install}/runs", daemon.admin_key)
+    page.tab.click("form.schema-form button[type=submit]")
+    error = page.tab.wait_for_selector(
+        ".schema-form .field-error:not(:empty), .schema-form .form-error:not(:empty)"
+    )
+    assert "tier" in error.inner_text()
+    after = daemon.call("GET", f"/api/v2/apps/installs/{install}/runs", daemon.admin_key)
+    assert len(after.json()["data"]) == len(before.json()["data"])  # nothing ran
+
+
+def test_the_changes_between_two_versions_before_a_switch(
+    tab: Callable[..., Page], daemon: Daemon, tmp_path: Path
+) -> None:
+    one = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 10}}}
+    two = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 5},
+                                            "note": {"type": "string"}}}  # fmt: skip
+    iid = daemon.ship(_small_app(tmp_path / "v1", "diffed", {"quick": QUICK, "gone": QUICK},
+                                 schema=one))["installId"]  # fmt: skip
+    v2 = _small_app(tmp_path / "v2", "diffed", {"quick": QUICK, "fresh": QUICK}, version="2",
+                    egress=["api.example.com"], schema=two)  # fmt: skip
+    assert daemon.deploy(v2).status_code == 201
+    ws = {"workspaceId": daemon.workspace_id}
+    diff = daemon.call("GET", "/api/v2/apps/diffed/versions/2/diff", daemon.admin_key,
+                       params={**ws, "from": "1"}).json()  # fmt: skip
+    assert diff["toolsAdded"] == ["fresh"] and diff["toolsRemoved"] == ["gone"]
+    assert diff["egressAdded"] == ["api.example.com"] and diff["egressRemoved"] == []
+    [quick] = diff["toolsChanged"]
+    assert quick["name"] == "quick" and quick["changed"] == ["inputSchema"]
+    assert {(c["pointer"], c["kind"]) for c in quick["inputSchema"]} == {
+        ("/properties/n/maximum", "changed"), ("/properties/note", "added")}  # fmt: skip
+    missing = daemon.call("GET", "/api/v2/apps/diffed/versions/2/diff", daemon.admin_key,
+                          params={**ws, "from": "9"})  # fmt: skip
+    assert missing.status_code == 404 and missing.json()["error"]["details"]["code"] == (
+        "VERSION_NOT_FOUND"
+    )
+    page = tab()
+    page.sign_in(daemon.admin_key)
+    # The screen, from the apps list's link.
+    page.tab.click("a[aria-label='Changes from 1 to 2']")
+    summary = page.tab.wait_for_selector("section.diff").inner_text()
+    page.shot("version-diff")
+    for text in ("Tools added: fresh", "Tools removed: gone", "Egress added: api.example.com",
+                 "/properties/n/maximum changed: 10 → 5"):  # fmt: skip
+        assert text in summary, summary
+    # Before publishing 2: the same changes in the dialog.
+    page.open("/#/")
+    page.tab.click("section:has-text('diffed') button[data-action=publish]")
+    dialog = page.tab.wait_for_selector("dialog.confirm section.diff")
+    assert "Tools added: fresh" in dialog.inner_text()
+    page.tab.click("dialog.confirm button:has-text('Publish')")
+    page.tab.wait_for_selector("#toast:has-text('Published 2')")
+    page.tab.click("section:has-text('diffed') button:has-text('Switch to this')")
+    dialog = page.tab.wait_for_selector("dialog.confirm section.diff")
+    assert "Egress added: api.example.com" in dialog.inner_text()
+    page.tab.click("dialog.confirm button:has-text('Cancel')")
+    installs = daemon.call("GET", "/api/v2/apps/installs", daemon.admin_key, params=ws).json()
+    [found] = [i for i in installs["data"] if i["installId"] == iid]
+    assert found["version"] == "1"  # Cancel switched nothing

@@ -147,13 +147,13 @@ def test_backup_under_load_restores_into_a_new_data_dir_that_serves(
     restored = tmp_path / "restored"
     restored.mkdir(mode=0o711)
     env = {**daemon.env, "RUNNERD_DATA_DIR": str(restored)}
-    put_back = run_cli("admin", "restore", "--from", str(backup), env=env)
-    assert put_back.returncode == 0, put_back.stderr
     # The secrets key and the audit chain's key travel apart from the database: put them
-    # back too.
+    # back first (restore refuses a backup whose secrets the data dir has no key for).
     for name in ("secrets.key", "audit.key"):
         (restored / name).write_bytes((daemon.data_dir / name).read_bytes())
         (restored / name).chmod(0o600)
+    put_back = run_cli("admin", "restore", "--from", str(backup), env=env)
+    assert put_back.returncode == 0, put_back.stderr
     verified = run_cli("audit", "verify", env=env)
     assert verified.returncode == 0 and "intact" in verified.stdout, verified.stdout
 

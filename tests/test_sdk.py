@@ -85,7 +85,7 @@ def test_a_run_that_started_resolves_whatever_its_status(world: dict[str, Any]) 
 
 
 @pytest.mark.parametrize(
-    ("call", "code", "reason", "status"),
+    ("call", "envelope_code", "reason", "status"),
     [
         (lambda w: _client(w).run_tool("echo", {"n": 11}), "BAD_REQUEST", "INVALID_INPUT", 400),
         (lambda w: _client(w, app="sdk-broke").run_tool("echo", {}), "FORBIDDEN",
@@ -100,12 +100,39 @@ def test_a_run_that_started_resolves_whatever_its_status(world: dict[str, Any]) 
     ],
 )  # fmt: skip
 def test_every_refusal_raises_with_its_reason(
-    world: dict[str, Any], call: Any, code: str, reason: str, status: int
+    world: dict[str, Any], call: Any, envelope_code: str, reason: str, status: int
 ) -> None:
     with pytest.raises(AppBridgeError) as caught:
         call(world)
-    assert (caught.value.code, caught.value.reason, caught.value.status) == (code, reason, status)
-    assert caught.value.message
+    found = caught.value
+    assert (found.reason, found.code, found.envelope_code, found.status) == (
+        reason, reason, envelope_code, status,
+    )  # fmt: skip
+    assert found.message and reason in repr(found)
+
+
+def test_a_spent_budget_an_invalid_input_and_an_unknown_tool_match_on_code(
+    world: dict[str, Any],
+) -> None:
+    """What a user writes (docs/SDK.md, Errors): ``exc.code == "budget_exhausted"``, the
+    seed's word, matches; so does ``exc.reason``."""
+    calls: dict[str, tuple[str, str, Any]] = {
+        "spent": ("sdk-broke", "echo", {}),
+        "invalid": ("sdk-demo", "echo", {"n": 11}),
+        "unknown": ("sdk-demo", "nope", {}),
+    }
+    caught: dict[str, AppBridgeError] = {}
+    for name, (app, tool, value) in calls.items():
+        try:
+            _client(world, app=app).run_tool(tool, value)
+        except AppBridgeError as exc:
+            caught[name] = exc
+    assert caught["spent"].code == "budget_exhausted" == caught["spent"].reason
+    assert isinstance(caught["spent"].details["resetsAt"], str)
+    assert (
+        caught["invalid"].code == "INVALID_INPUT" and caught["invalid"].details["pointer"] == "/n"
+    )
+    assert caught["unknown"].code == "TOOL_NOT_FOUND"
 
 
 def test_an_idempotent_retry_returns_the_first_run(world: dict[str, Any]) -> None:
@@ -136,6 +163,7 @@ def test_rate_limits_raise_with_retry_after_and_opt_in_retries_wait(
         for _ in range(200):
             client.list_tools()
     assert caught.value.code == "RATE_LIMITED" and caught.value.status == 429
+    assert caught.value.envelope_code == "RATE_LIMITED"
     assert caught.value.retry_after is not None and caught.value.retry_after >= 1
     patient = _client(world, api_key=key, retries=3)
     assert patient.run_tool("echo", {"n": 4}).status == "succeeded"
@@ -168,6 +196,39 @@ def test_the_async_client_does_the_same(world: dict[str, Any]) -> None:
     assert (
         ran.output == {"echo": {"n": 5}} and len(tools) == 3 and refused.reason == "INVALID_INPUT"
     )
+
+
+def test_the_async_client_is_an_async_context_manager_with_one_connection(
+    daemon: Daemon, world: dict[str, Any]
+) -> None:
+    """``async with AsyncAppClient(...)``: the calls in the block share one connection
+    (one peer port in the daemon's access log); after it, the client still calls, on a
+    connection of the call's own."""
+
+    async def calls() -> tuple[list[str], Any]:
+        client = AsyncAppClient(world["url"], world["apiKey"], world["workspaceId"], app="sdk-demo")
+        async with client as same:
+            assert same is client
+            statuses = [(await client.run_tool("echo", {"n": n})).status for n in range(3)]
+            assert len(await client.list_tools()) == 3
+            with pytest.raises(AppBridgeError) as caught:
+                await client.run_tool("nope", {})
+            assert caught.value.code == "TOOL_NOT_FOUND"
+        return statuses, await client.run_tool("echo", {"n": 9})
+
+    statuses, after = asyncio.run(calls())
+    assert statuses == ["succeeded"] * 3 and after.output == {"echo": {"n": 9}}
+    log = (daemon.data_dir / "serve.log").read_text()
+    lines = [x for x in log.splitlines() if "/api/v2/apps/tools" in x]
+    peers = [re.search(r"127\.0\.0\.1:(\d+) - ", x).group(1) for x in lines[-6:]]  # type: ignore[union-attr]
+    assert len(set(peers[:5])) == 1 and peers[5] != peers[0], lines[-6:]
+
+
+def test_the_sync_client_closes_at_the_end_of_its_with_block(world: dict[str, Any]) -> None:
+    with _client(world) as client:
+        assert client.run_tool("echo", {"n": 1}).status == "succeeded"
+    with pytest.raises(RuntimeError, match="closed"):
+        client.run_tool("echo", {"n": 1})
 
 
 # --- redirects that end at the daemon: the key and the input are kept ------------------

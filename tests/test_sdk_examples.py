@@ -86,3 +86,129 @@ def test_generated_types_check_the_example_app_at_compile_time(
     untyped = subprocess.run(mypy, cwd=app, capture_output=True, text=True, timeout=300,
                              env={**os.environ, "MYPYPATH": str(app)})  # fmt: skip
     assert untyped.returncode != 0 and "discountPct" in untyped.stdout, untyped.stdout
+
+
+# A usage of the generated client Protocols that mypy --strict passes, and one whose
+# every marked line it must refuse: a wrong input, a tool name no tool has, an output key
+# the tool has not, an output not checked for None, and a wrong input to the async client.
+GOOD_USE = """
+from __future__ import annotations
+
+from runnerd.sdk import AppClient, AsyncAppClient, RunResult
+from runnerd_tools import AsyncRunnerdClient, RunnerdClient, ScoreOfferInput
+
+OFFER: ScoreOfferInput = {
+    "discountPct": 12, "marginPct": 30, "termMonths": 24, "dealSize": 120000, "tier": "enterprise",
+}
+
+
+def decide(client: RunnerdClient) -> str:
+    run = client.run_tool("score_offer", OFFER)
+    routed = client.run_tool("deal-desk/route_ticket", {"subject": "x", "customer_tier": "free"})
+    if run.output is None or routed.output is None:
+        return run.error or ""
+    score: int = run.output["score"]
+    return f"{run.output['decision']} {score} {routed.output['queue']}"
+
+
+def untyped(run: RunResult) -> object:  # a bare RunResult is RunResult[Any]
+    return run.output
+
+
+def bare(client: AppClient) -> object:  # an AppClient not annotated: Any, as before
+    return client.run_tool("anything", {}).output["x"]
+
+
+def main() -> None:
+    client: RunnerdClient
+    with AppClient("http://127.0.0.1:9", "k", "ws", app="deal-desk") as client:
+        print(decide(client))
+
+
+async def amain() -> None:
+    client: AsyncRunnerdClient
+    async with AsyncAppClient("http://127.0.0.1:9", "k", "ws", app="deal-desk") as client:
+        run = await client.run_tool("score_offer", OFFER)
+        print(run.output["reasons"] if run.output else None)
+"""
+BAD_USE = """
+from __future__ import annotations
+
+from runnerd.sdk import AppClient, AsyncAppClient
+from runnerd_tools import AsyncRunnerdClient, RunnerdClient
+
+client: RunnerdClient = AppClient("http://127.0.0.1:9", "k", "ws", app="deal-desk")
+offer = {"discountPct": "12", "marginPct": 30, "termMonths": 24, "dealSize": 1, "tier": "standard"}
+client.run_tool("score_offer", offer)  # BAD: discountPct is a number
+client.run_tool("no_such_tool", {})  # BAD: no such tool
+run = client.run_tool("route_ticket", {"subject": "x", "customer_tier": "free"})
+print(run.output["score"] if run.output else None)  # BAD: route_ticket has no score
+print(run.output["queue"])  # BAD: None unless the run succeeded
+
+
+async def amain() -> None:
+    other: AsyncRunnerdClient = AsyncAppClient("http://127.0.0.1:9", "k", "ws", app="deal-desk")
+    await other.run_tool("score_offer", {"tier": "gold"})  # BAD: an input of another shape
+"""
+
+
+def test_generated_python_types_make_mypy_refuse_a_wrong_input_and_an_unknown_tool(
+    daemon: Daemon, deal_desk: str, tmp_path: Path
+) -> None:
+    """`runnerd tools types --lang py --app deal-desk` prints TypedDicts and client
+    Protocols with one `run_tool` overload per tool (its name a Literal): mypy --strict
+    passes a right usage, sync and async, and refuses each wrong line of another."""
+    made = run_cli("tools", "types", "--lang", "py", "--app", "deal-desk", env=daemon.client_env())
+    assert made.returncode == 0, made.stderr
+    assert "class RunnerdClient(Protocol):" in made.stdout and "@overload" in made.stdout
+    (tmp_path / "runnerd_tools.py").write_text(made.stdout)
+    (tmp_path / "good.py").write_text(GOOD_USE)
+    (tmp_path / "bad.py").write_text(BAD_USE)
+
+    def mypy(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "mypy", "--strict", "--no-incremental", name],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+            env={**os.environ, "MYPYPATH": str(tmp_path), "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+
+    good = mypy("good.py")
+    assert good.returncode == 0, good.stdout
+    bad = mypy("bad.py")
+    refused = {int(line.split(":")[1]) for line in bad.stdout.splitlines() if ": error:" in line}
+    marked = {n for n, line in enumerate(BAD_USE.splitlines(), 1) if "# BAD" in line}
+    assert bad.returncode == 1 and refused == marked, bad.stdout
+    assert 'No overload variant of "run_tool" of "RunnerdClient"' in bad.stdout
+    assert 'TypedDict "RouteTicketOutput" has no key "score"' in bad.stdout
+    # The module imports, and a real AppClient is the Protocol's at run time too.
+    imported = subprocess.run(
+        [sys.executable, "-c", "import runnerd_tools, good"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"},
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+
+
+def test_generated_python_types_of_a_workspace_take_references_only(
+    daemon: Daemon, deal_desk: str, tmp_path: Path
+) -> None:
+    """Without --app the Protocols take each tool's reference, not its bare name."""
+    made = run_cli("tools", "types", "--lang", "py", env=daemon.client_env())
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "runnerd_tools.py").write_text(made.stdout)
+    (tmp_path / "use.py").write_text(
+        "from runnerd.sdk import AppClient\n"
+        "from runnerd_tools import DealDeskRouteTicketInput, RunnerdClient\n\n"
+        'TICKET: DealDeskRouteTicketInput = {"subject": "x", "customer_tier": "free"}\n'
+        'client: RunnerdClient = AppClient("http://127.0.0.1:9", "k", "ws")\n'
+        'run = client.run_tool("deal-desk/route_ticket", TICKET)\n'
+        'print(run.output["queue"] if run.output else None)\n'
+        'client.run_tool("route_ticket", TICKET)\n'
+    )
+    checked = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "use.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "MYPYPATH": str(tmp_path), "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    errors = [line for line in checked.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("use.py:8:"), checked.stdout

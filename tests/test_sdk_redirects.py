@@ -16,8 +16,9 @@ from runnerd.sdk import AppBridgeError, AppClient, AsyncAppClient
 def test_an_unreachable_daemon_is_an_app_bridge_error() -> None:
     with pytest.raises(AppBridgeError) as caught:
         AppClient("http://127.0.0.1:9", "k", "ws", app="a").run_tool("t", {})
-    assert (caught.value.code, caught.value.reason, caught.value.status) == (
-        "UNAVAILABLE", "connection_failed", 0,
+    found = caught.value
+    assert (found.envelope_code, found.reason, found.code, found.status) == (
+        "UNAVAILABLE", "connection_failed", "connection_failed", 0,
     )  # fmt: skip
 
 
@@ -57,7 +58,9 @@ def sdk_call(kind: str, url: str, key: str = REDIRECT_KEY, ws: str = "ws_1", app
 
 def refused_redirect(found: Any, reason: str, status: int) -> AppBridgeError:
     assert isinstance(found, AppBridgeError), found
-    assert (found.code, found.reason, found.status) == ("REDIRECT_REFUSED", reason, status)
+    assert (found.envelope_code, found.reason, found.code, found.status) == (
+        "REDIRECT_REFUSED", reason, reason, status,
+    )  # fmt: skip
     assert REDIRECT_KEY not in f"{found} {found.details}"
     return found
 

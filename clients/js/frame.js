@@ -19,12 +19,18 @@ const MAX_TOOL_TIMEOUT_MS = 300000; // a tool's longest timeoutMs (docs/TOOL-FIL
 const MARGIN_MS = 30000; // the sandbox start and a wait for a slot, past the tool's own timeout
 const LIST_TIMEOUT_MS = 30000; // listTools: one API read
 
+// Its options are an error envelope's fields: code (error.code) and reason (details.code).
 export class AppBridgeError extends Error {
-  constructor({ code, reason, status, message, details = {}, retryAfter = null }) {
+  constructor({ code, reason = code, status, message, details = {}, retryAfter = null }) {
     super(message);
     this.name = 'AppBridgeError';
-    this.code = code; // in a frame: the precise code; from a server: the envelope's code
-    this.reason = reason; // details.code: INVALID_INPUT, budget_exhausted...
+    // Branch on reason (code is the same, always, from a server and in a frame): the
+    // precise reason, budget_exhausted, INVALID_INPUT, TOOL_NOT_FOUND, connection_failed...
+    this.reason = reason;
+    this.code = reason;
+    // From a server, the envelope's error.code (FORBIDDEN for a spent budget), or the
+    // SDK's UNAVAILABLE, REDIRECT_REFUSED; in a frame, the same as reason.
+    this.envelopeCode = code;
     this.status = status; // the HTTP status (0: no answer from the daemon or the page)
     this.details = details;
     this.retryAfter = retryAfter; // seconds, for 429 and 503

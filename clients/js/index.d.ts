@@ -105,21 +105,25 @@ export interface FrameClient<Tools extends ToolMap = ToolMap> {
 
 export declare class AppBridgeError extends Error {
   readonly name: 'AppBridgeError';
-  /** From a server client, the envelope's code: BAD_REQUEST, UNAUTHORIZED, FORBIDDEN,
-   * NOT_FOUND, RATE_LIMITED, INTERNAL_ERROR, SERVICE_UNAVAILABLE; UNAVAILABLE when the
-   * daemon cannot be reached; REDIRECT_REFUSED for a redirect the SDK does not follow
-   * (nothing was sent to its target).
-   * In a frame, the precise code (the same as `reason`): the API's details.code
-   * (INVALID_INPUT, budget_exhausted, TOOL_NOT_FOUND, INSUFFICIENT_WORKSPACE_ROLE, ...), or
-   * PENDING_APPROVAL (details.approvalId, details.expiresAt), OTHER_APP_REFUSED,
-   * BAD_MESSAGE, TOO_MANY_CALLS, UNAVAILABLE (the page could not reach the daemon),
-   * BRIDGE_TIMEOUT (no answer in time), NO_BRIDGE (not inside an app's frame). */
-  readonly code: string;
-  /** details.code, the precise reason: INVALID_INPUT, INPUT_TOO_LARGE, budget_exhausted,
-   * INSUFFICIENT_WORKSPACE_ROLE, WORKSPACE_KEY_NOT_ALLOWED, TOOL_NOT_FOUND...; for
-   * REDIRECT_REFUSED: CROSS_ORIGIN_REDIRECT (details.origin names the target's origin),
-   * REDIRECT_CHANGES_METHOD, TOO_MANY_REDIRECTS, BAD_REDIRECT, OPAQUE_REDIRECT (a browser) */
+  /** The field to branch on: the precise reason, from a server client and in a frame alike.
+   * The API's details.code: INVALID_INPUT, INPUT_TOO_LARGE, budget_exhausted (a spent
+   * budget), TOOL_NOT_FOUND, INSTALL_NOT_FOUND, INSUFFICIENT_WORKSPACE_ROLE,
+   * WORKSPACE_KEY_NOT_ALLOWED, UNAUTHORIZED, RATE_LIMITED...; the server client's own:
+   * connection_failed (the daemon cannot be reached), and for a redirect it does not
+   * follow (nothing was sent to its target) CROSS_ORIGIN_REDIRECT (details.origin names
+   * the target's origin), REDIRECT_CHANGES_METHOD, TOO_MANY_REDIRECTS, BAD_REDIRECT,
+   * OPAQUE_REDIRECT (a browser); a frame's own: PENDING_APPROVAL (details.approvalId,
+   * details.expiresAt), OTHER_APP_REFUSED, BAD_MESSAGE, TOO_MANY_CALLS, UNAVAILABLE (the
+   * page could not reach the daemon), BRIDGE_TIMEOUT (no answer in time), NO_BRIDGE (not
+   * inside an app's frame). */
   readonly reason: string;
+  /** The same as `reason`, always. */
+  readonly code: string;
+  /** From a server client, the envelope's error.code, the class of many reasons:
+   * BAD_REQUEST, UNAUTHORIZED, FORBIDDEN, NOT_FOUND, CONFLICT, RATE_LIMITED,
+   * INTERNAL_ERROR, SERVICE_UNAVAILABLE; or the SDK's own UNAVAILABLE (no answer) and
+   * REDIRECT_REFUSED. In a frame, the same as `reason`. */
+  readonly envelopeCode: string;
   /** the HTTP status; 0 when the daemon could not be reached, or for a browser's opaque redirect */
   readonly status: number;
   readonly details: Record<string, unknown>;

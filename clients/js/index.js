@@ -8,7 +8,8 @@
 // arguments asks the page over postMessage instead: frame.js, which this file imports.
 //
 // A run that started resolves, whatever its status (succeeded, failed, timed_out); every
-// refusal before the tool starts rejects with an AppBridgeError.
+// refusal before the tool starts rejects with an AppBridgeError, whose reason (and code,
+// the same) is the precise one: budget_exhausted, INVALID_INPUT, TOOL_NOT_FOUND...
 //
 // The API key and the input never go to another origin: fetch runs with redirect 'manual',
 // and the SDK itself follows a redirect only within the daemon's origin (scheme, host and

@@ -113,8 +113,9 @@ class Caller:
         self, store: Store, workspace_id: str, *, role: Role, apps: bool = True
     ) -> MembershipRecord | None:
         """Check the caller may act in ``workspace_id`` with at least ``role`` (and the
-        Apps module); 403 INSUFFICIENT_WORKSPACE_ROLE otherwise. A workspace key acts
-        as a builder of its own workspace."""
+        Apps module); 403 INSUFFICIENT_WORKSPACE_ROLE otherwise, 404 WORKSPACE_NOT_FOUND
+        to a person when there is no such workspace. A workspace key acts as a builder of
+        its own workspace."""
         if self.key.kind == "workspace":
             if self.key.workspace_id == workspace_id and at_least("builder", role):
                 return None
@@ -123,6 +124,10 @@ class Caller:
         if self.key.workspace_id is not None and self.key.workspace_id != workspace_id:
             raise InsufficientRole  # a token bound to one workspace (OAuth) acts there only
         found = await store.io(store.membership, workspace_id, self.key.user_id)
+        if found is None and await store.io(store.get_workspace, workspace_id) is None:
+            # No such workspace (404), not a role the caller lacks: no more than the
+            # workspace-admin routes answer any caller already (workspace_admin).
+            raise WorkspaceNotFound
         if not has_role(found, role, apps=apps):
             if found is not None and apps and not found.apps_access and at_least(found.role, role):
                 raise InsufficientRole(

@@ -24,6 +24,7 @@ from runnerd.api import runs as runs_ops
 from runnerd.api import secrets as secrets_ops
 from runnerd.api import signin as signin_ops
 from runnerd.api import tools as tools_ops
+from runnerd.api import version_diff as version_diff_ops
 from runnerd.api.openapi import openapi_document
 from runnerd.api.ops import Op, json_response
 from runnerd.api.state import AppState
@@ -38,6 +39,7 @@ async def openapi(request: Request, state: AppState) -> Response:
 OPS: list[Op] = [
     *tools_ops.OPS,
     *apps_ops.OPS,
+    *version_diff_ops.OPS,
     *frames_ops.OPS,
     *dev_pages_ops.OPS,
     *secrets_ops.OPS,

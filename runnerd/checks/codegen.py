@@ -25,6 +25,7 @@ from fastjsonschema.draft2019 import CodeGeneratorDraft2019
 from fastjsonschema.ref_resolver import RefResolver
 
 from runnerd.checks.patterns import FORMATS, compile_pattern
+from runnerd.limits import MAX_INPUT_PROBLEMS_COUNTED
 
 __all__ = ["compile_linear", "unique_items"]
 
@@ -124,6 +125,12 @@ class _Linear:
                     append_to_msg=dynamic,
                 )
 
+    def exc(self: Any, msg: str, *args: Any, **kwargs: Any) -> None:
+        super().exc(msg, *args, **kwargs)  # type: ignore[misc]
+        if not self._fast_fail:  # collecting every error: stop counting past a bound
+            with self.l("if len(errors) >= {}:", MAX_INPUT_PROBLEMS_COUNTED):
+                self.l("raise JsonSchemaValuesException(errors)")
+
     def generate_unique_items(self: Any) -> None:
         if not self._definition["uniqueItems"]:
             return
@@ -149,16 +156,27 @@ _FORMATS: dict[type, dict[str, Callable[[str], bool]]] = {
 }
 
 
-def compile_linear(schema: Any, *, handlers: dict[str, Any]) -> Callable[[Any], Any]:
+def compile_linear(
+    schema: Any, *, handlers: dict[str, Any], fast_fail: bool = True
+) -> Callable[[Any], Any]:
     """``fastjsonschema.compile(schema, handlers=..., use_default=False)``, with the
-    linear-time generators. Raises what fastjsonschema raises, and PatternError."""
+    linear-time generators. Raises what fastjsonschema raises, and PatternError.
+
+    Without ``fast_fail`` the validator goes on past the first error and raises
+    JsonSchemaValuesException with every error found (at most
+    MAX_INPUT_PROBLEMS_COUNTED): slower, for explaining a value already refused."""
     # fastjsonschema rewrites the $refs of what it compiles in place: give it a copy.
     schema = msgspec.json.decode(msgspec.json.encode(schema))
     base = _generator_class(schema)
     formats = _FORMATS[base]
     resolver = RefResolver.from_schema(schema, handlers=handlers, store={})
     generator = _LINEAR[base](
-        schema, resolver=resolver, formats=formats, use_default=False, use_formats=True
+        schema,
+        resolver=resolver,
+        formats=formats,
+        use_default=False,
+        use_formats=True,
+        fast_fail=fast_fail,
     )
     state = generator.global_state
     exec(generator.func_code, state)  # fastjsonschema's own generated code

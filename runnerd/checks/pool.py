@@ -22,7 +22,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from runnerd.checks.schemas import compile_schema, schema_cost
+import fastjsonschema
+
+from runnerd.checks.explain import input_refusal
+from runnerd.checks.schemas import SchemaError, compile_schema, schema_cost
 from runnerd.limits import MAX_INLINE_CHECK_WORK, VALIDATOR_CACHE
 
 __all__ = ["CheckTimedOut", "Checker", "Validators"]
@@ -147,7 +150,12 @@ class Checker:
 
 class Validators:
     """Compiled schema validators per (tool key, input|output), LRU-bounded, each with
-    its schema_cost; safe to use from several checker threads."""
+    its schema_cost; safe to use from several checker threads.
+
+    An input validator raises InvalidInput naming every problem of a refused value
+    (runnerd.checks.explain), not fastjsonschema's first error: a second validator,
+    compiled when an input of that tool first fails, explains it. A valid input only
+    meets the fast validator."""
 
     def __init__(self, capacity: int = VALIDATOR_CACHE) -> None:
         self.capacity = capacity
@@ -164,11 +172,31 @@ class Validators:
                 self._cache.move_to_end(slot)
                 return found[0]
         compiled = compile_schema(schema)  # outside the lock: compiling takes a while
+        if which == "input":
+            compiled = self._explaining(compiled, schema)
         with self._lock:
             self._cache[slot] = (compiled, schema_cost(schema))
             if len(self._cache) > self.capacity:
                 self._cache.popitem(last=False)
         return compiled
+
+    @staticmethod
+    def _explaining(fast: Callable[[Any], Any], schema: dict[str, Any]) -> Callable[[Any], Any]:
+        """``fast``, raising InvalidInput with every problem when it refuses a value."""
+        explain: list[Callable[[Any], Any] | None] = []  # compiled on the first refusal
+
+        def check(value: Any) -> Any:
+            try:
+                return fast(value)
+            except fastjsonschema.JsonSchemaValueException as exc:
+                if not explain:
+                    try:
+                        explain.append(compile_schema(schema, every_error=True))
+                    except SchemaError:  # cannot happen for a schema ``fast`` compiled
+                        explain.append(None)
+                raise input_refusal(exc, explain[0], value) from None
+
+        return check
 
     def work(self, key: str, which: str, size: int) -> int | None:
         """A bound on the work of checking a value of ``size`` bytes against this

@@ -171,8 +171,12 @@ def schema_cost(schema: Any) -> int | None:
     return len(msgspec.json.encode(schema))
 
 
-def compile_schema(schema: dict[str, Any]) -> Validator:
+def compile_schema(schema: dict[str, Any], *, every_error: bool = False) -> Validator:
     """Compile ``schema``; raise SchemaError saying why it cannot be.
+
+    With ``every_error``, the validator reports every error it finds (a bounded number)
+    in one JsonSchemaValuesException instead of stopping at the first: the slower pass
+    that explains a refusal.
 
     Validation runs in linear time in what the schema's own keywords ask: patterns and
     formats on RE2 (a pattern RE2 cannot run is a SchemaError), uniqueItems by hashing
@@ -182,7 +186,7 @@ def compile_schema(schema: dict[str, Any]) -> Validator:
     """
     _check_refs(schema)
     try:
-        return compile_linear(schema, handlers=_HANDLERS)
+        return compile_linear(schema, handlers=_HANDLERS, fast_fail=not every_error)
     except SchemaError:
         raise
     except PatternError as exc:

@@ -25,7 +25,7 @@ def cmd_ledger_export(args: argparse.Namespace) -> int:
         return 2
     store = store_from_args(args, writes=False)
     rows = store.ledger(month=month, workspace_id=args.workspace, install_id=args.install)
-    if args.format == "json":
+    if args.json or args.format == "json":  # --json, as every command takes it
         sys.stdout.write(json.dumps(rows) + "\n")
     else:
         sys.stdout.write(ledger_csv(rows, header="columns", line_end="\n"))
@@ -87,7 +87,9 @@ def register_audit(common: argparse.ArgumentParser, group_parser: Callable[..., 
     ledger = group_parser("ledger", "the usage ledger (local, on the data dir)")
     p = ledger.add_parser("export", parents=[common], help="ledger rows as CSV or JSON")
     p.add_argument("--month", help="YYYY-MM")
-    p.add_argument("--format", choices=("csv", "json"), default="csv")
+    p.add_argument(
+        "--format", choices=("csv", "json"), default="csv", help="csv (default), or json as --json"
+    )
     p.add_argument("--workspace")
     p.add_argument("--install")
     p.set_defaults(func=cmd_ledger_export)

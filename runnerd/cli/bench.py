@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import http.client
+import importlib.util
 import json
 import math
 import os
@@ -40,6 +42,7 @@ import msgspec
 import runnerd
 from runnerd.config import Settings
 from runnerd.model import Tool
+from runnerd.run.jail import Job
 from runnerd.run.machine import Machine, build_machine
 from runnerd.run.runtimes import clean_env
 from runnerd.store import Store
@@ -51,6 +54,12 @@ PY_TOOL = "def run(input):\n    return {'n': input.get('n', 0)}\n"
 JS_TOOL = "export function run(input) { return { n: input.n ?? 0 } }\n"
 TS_TOOL = "export function run(input: { n?: number }) {\n  return { n: input.n ?? 0 }\n}\n"
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}}
+# A tool importing a heavy package set; the set is copied from this runnerd's own
+# installation (the same interpreter), as a package env would hold it.
+HEAVY_SET = ("pydantic", "pydantic_core", "annotated_types", "typing_extensions",
+             "typing_inspection", "requests", "urllib3", "idna", "certifi",
+             "charset_normalizer")  # fmt: skip
+HEAVY_TOOL = "import pydantic, requests\ndef run(input):\n    return {'n': input.get('n', 0)}\n"
 CLIENTS = Settings().max_concurrent_runs  # concurrent clients: the default admission
 BURST = 50  # simultaneous calls after an idle spell
 COLD_PAUSE_S = 0.05  # between cold runs
@@ -110,6 +119,8 @@ class Bench:
     # The machine's CPU time per run under load (8 at once), and where it went.
     cpu_ms: dict[str, float] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    checks_ms: float | None = None  # the daemon's checks of a template's child, mean
+    import_ms: float | None = None  # the heavy package set's import in a bare interpreter
 
     def ratio(self, ours: str, base: str) -> float | None:
         """p50 of ``ours`` / p50 of ``base``."""
@@ -125,7 +136,8 @@ class Bench:
 
         spawn = max((c[k].rate or 0 for k in c if k.startswith("bare nsjail + python,")),
                     default=None)  # fmt: skip
-        load = c.get("Python tool, 8 clients")
+        load = c.get(f"Python tool, {CLIENTS} clients")
+        nsjail_load = c.get(f"Python tool (nsjail), {CLIENTS} clients")
         cpu = self.cpu_ms
         burst = c.get(f"Python tool, burst of {BURST}")
         rows: list[tuple[str, float | None, str, Callable[[float], bool]]] = [
@@ -136,11 +148,30 @@ class Bench:
             ("back to back p50, JS (ms)", _p50(c, "JS tool, back to back"), "<= 5",
              lambda v: v <= 5),
             ("8 clients runs/s / bare spawn rate",
-             (load.rate or 0) / spawn if load and spawn else None, ">= 0.85x",
-             lambda v: v >= 0.85),
+             (load.rate or 0) / spawn if load and spawn else None, ">= 2x",
+             lambda v: v >= 2),
+            ("same, nsjail per call", (nsjail_load.rate or 0) / spawn
+             if nsjail_load and spawn else None, "report", lambda v: True),
             ("CPU per run: bare spawn / runnerd run",
              cpu["bare spawn"] / cpu["runnerd run"] if {"bare spawn", "runnerd run"} <= set(cpu)
              else None, "report", lambda v: True),
+            ("CPU per run, processes: jails / bare spawn",
+             cpu["jails, processes"] / cpu["bare spawn, processes"]
+             if {"bare spawn, processes", "jails, processes"} <= set(cpu) else None,
+             "<= 0.33x", lambda v: v <= 1 / 3),
+            ("same, nsjail per call",
+             cpu["jails, processes, nsjail"] / cpu["bare spawn, processes"]
+             if {"bare spawn, processes", "jails, processes, nsjail"} <= set(cpu) else None,
+             "report", lambda v: True),
+            ("paced p50, Python, nsjail per call (ms)", _p50(c, "Python tool (nsjail), paced"),
+             "report", lambda v: True),
+            ("heavy set p50 / trivial p50, template", self.ratio(
+             "Python, pydantic + requests, template", "Python, trivial, template"), "<= 2x",
+             lambda v: v <= 2),
+            ("heavy set p50 / trivial p50, nsjail", self.ratio(
+             "Python, pydantic + requests, nsjail", "Python, trivial, nsjail"), "report",
+             lambda v: True),
+            ("template child checks, mean (ms)", self.checks_ms, "< 1", lambda v: v < 1),
             ("8 clients p99 / p50", load.p99 / load.p50 if load else None, "<= 3x",
              lambda v: v <= 3),
             ("8 clients, answers other than 200", float(load.failed) if load else None, "0",
@@ -167,6 +198,8 @@ class Bench:
                 {"what": w, "value": v, "target": t, "met": m} for w, v, t, m in self.targets()
             ],
             "skipped": self.skipped,
+            "templateChecksMs": self.checks_ms,
+            "heavyImportMs": self.import_ms,
         }
 
     def report(self) -> str:
@@ -188,6 +221,9 @@ class Bench:
         if self.cpu_ms:
             lines += ["", "CPU time per run under load (all cores): " + ", ".join(
                 f"{k} {v:.1f} ms" for k, v in self.cpu_ms.items())]  # fmt: skip
+        if self.import_ms is not None:
+            lines += ["", f"import of pydantic + requests (bare interpreter): "
+                      f"{self.import_ms:.1f} ms"]  # fmt: skip
         lines += ["", f"{'read against':44} {'value':>8} {'target':>9}  met"]
         for what, value, target, met in self.targets():
             shown = "-" if value is None else f"{value:8.2f}"
@@ -305,9 +341,10 @@ def _child_settings(settings: Settings, data: Path, port: int) -> dict[str, str]
     keep = ("node", "python", "nsjail", "sandbox_uid_base", "sandbox_uid_count",
             "uid_lock_dir", "memory_mb", "pids", "tmp_mb", "file_mb", "open_files",
             "cpu_ms_per_sec", "warm_jails", "max_concurrent_runs", "max_queued_runs",
-            "check_budget_ms")  # fmt: skip
-    env = {f"RUNNERD_{k.upper()}": str(getattr(settings, k)) for k in keep
-           if getattr(settings, k) is not None}  # fmt: skip
+            "check_budget_ms", "python_templates", "package_templates")  # fmt: skip
+    env = {f"RUNNERD_{k.upper()}": str(getattr(settings, k)).lower()
+           if isinstance(getattr(settings, k), bool) else str(getattr(settings, k))
+           for k in keep if getattr(settings, k) is not None}  # fmt: skip
     env.update({
         "RUNNERD_DATA_DIR": str(data),
         "RUNNERD_TOOLCHAIN_DIR": str(settings.toolchain_path),
@@ -359,29 +396,61 @@ def _timed(fn: Callable[[], bool], count: int, pause_s: float = 0.0) -> Stats:
 
 
 class _Cpu:
-    """CPU seconds spent meanwhile: by the whole machine (every core, kernel included),
-    by this process (the clients), and by ``pid`` (the daemon)."""
+    """CPU seconds spent meanwhile: by the whole machine (every core, kernel included:
+    other work on a shared machine too), by this process (the clients), and by ``pid``
+    (the daemon); and by processes only, which other work does not touch: this
+    process's reaped children (bare spawns), and the daemon's tree (the daemon, the
+    jails it reaped through nsjail, and its Python templates with the children they
+    reaped)."""
 
     def __init__(self, pid: int | None = None) -> None:
         self.pid = pid
         self.start = self._now()
 
-    def _now(self) -> tuple[float, float, float]:
+    def _now(self) -> tuple[float, float, float, float, float]:
         tick = os.sysconf("SC_CLK_TCK")
         fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
         machine = (sum(fields) - fields[3] - fields[4]) / tick  # all but idle and iowait
-        own = sum(os.times()[:2])
-        daemon = 0.0
+        times = os.times()
+        own, spawned = times[0] + times[1], times[2] + times[3]
+        daemon = tree = 0.0
         if self.pid is not None:
-            stat = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            daemon = (int(stat[11]) + int(stat[12])) / tick
-        return machine, own, daemon
+            daemon, tree = _tree_cpu(self.pid, tick)
+        return machine, own, daemon, spawned, tree
 
     def per(self, count: int) -> tuple[float, float, float]:
         """(machine, clients, daemon) ms per one of ``count``."""
-        (m0, c0, d0), (m1, c1, d1) = self.start, self._now()
+        (m0, c0, d0, _, _), (m1, c1, d1, _, _) = self.start, self._now()
         n = max(count, 1)
         return (m1 - m0) * 1000 / n, (c1 - c0) * 1000 / n, (d1 - d0) * 1000 / n
+
+    def processes(self, count: int) -> tuple[float, float]:
+        """(this process's reaped children, the daemon's tree) ms per one of ``count``."""
+        (*_, s0, t0), (*_, s1, t1) = self.start, self._now()
+        n = max(count, 1)
+        return (s1 - s0) * 1000 / n, (t1 - t0) * 1000 / n
+
+
+def _stat_cpu(pid: int | str, tick: int) -> tuple[float, float]:
+    """(own, own + reaped children's) CPU seconds of ``pid``."""
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    own = (int(stat[11]) + int(stat[12])) / tick
+    return own, own + (int(stat[13]) + int(stat[14])) / tick
+
+
+def _tree_cpu(daemon: int, tick: int) -> tuple[float, float]:
+    """The daemon's own CPU seconds, and its tree's (see _Cpu)."""
+    own, tree = _stat_cpu(daemon, tick)
+    for children in Path(f"/proc/{daemon}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            for pid in children.read_text().split():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    if b"/sandbox/template_py.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        for template in (
+                            Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                        ):
+                            tree += _stat_cpu(template, tick)[1]
+    return own, tree
 
 
 def _load(workers: list[Callable[[], bool]], seconds: float) -> Stats:
@@ -502,6 +571,90 @@ async def _cold_runs(
     return {label: Stats.of(ms[label], failed=failed[label]) for label in ms}
 
 
+def _heavy_env(folder: Path) -> Path | None:
+    """A package env of HEAVY_SET, copied from this runnerd's own site-packages (with
+    their dist-info folders, as an env holds them), readable by jails; None when a
+    package of the set is missing here."""
+    env = folder / "heavy-env"
+    for name in HEAVY_SET:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            return None
+        origin = Path(spec.origin)
+        source = origin.parent if origin.name == "__init__.py" else origin
+        site = source.parent
+        if source.is_dir():
+            shutil.copytree(source, env / source.name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            env.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, env / source.name)
+        for info in site.glob(f"{name.replace('_', '[-_]')}-*.dist-info"):
+            shutil.copytree(info, env / info.name)
+    for path in [env, *env.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return env
+
+
+def _import_ms(python: str, env: Path, count: int) -> float:
+    """The median time of importing pydantic and requests in a bare interpreter, less
+    the interpreter's own start."""
+    run = clean_env()
+
+    def timed(code: str) -> float:
+        ms = []
+        for _ in range(count):
+            began = time.perf_counter()
+            subprocess.run([python, "-I", "-S", "-c", code], env=run, check=True)
+            ms.append((time.perf_counter() - began) * 1000)
+        return statistics.median(ms)
+
+    heavy = f"import sys; sys.path.insert(0, {str(env)!r}); import pydantic, requests"
+    return timed(heavy) - timed("pass")
+
+
+async def _sandbox_runs(
+    machine: Machine, cases: dict[str, tuple[Job, bool]], count: int, checks: list[float | None]
+) -> dict[str, Stats]:
+    """``count`` turns of every case, each a Job run by the machine's Sandbox with its
+    Python jails forked from templates (True) or fresh nsjails (False); one untimed run
+    of each first (a template's start, the page cache). ``checks``: gets the mean time of
+    the daemon's checks of a template's child."""
+    sandbox = machine.sandbox
+    base = sandbox.limits
+    ms: dict[str, list[float]] = {label: [] for label in cases}
+    failed = dict.fromkeys(ms, 0)
+
+    async def one(label: str, job: Job, templates: bool) -> tuple[float, bool]:
+        sandbox.limits = dataclasses.replace(
+            base, python_templates=templates, package_templates=templates
+        )
+        await asyncio.sleep(COLD_PAUSE_S)
+        began = time.perf_counter()
+        out = await sandbox.run(job, logs=False)
+        took = (time.perf_counter() - began) * 1000
+        return took, b'"ok":true' in (out.result or b"")
+
+    try:
+        for label, (job, templates) in cases.items():
+            await one(label, job, templates)
+        for _ in range(count):
+            for label, (job, templates) in cases.items():
+                took, ok = await one(label, job, templates)
+                ms[label].append(took)
+                failed[label] += not ok
+        checks.append(_checks_ms(machine))
+    finally:
+        sandbox.limits = base
+        await sandbox.close()
+    return {label: Stats.of(ms[label], failed=failed[label]) for label in ms}
+
+
+def _checks_ms(machine: Machine) -> float | None:
+    checks = sum(t.checks for t in machine.sandbox.templates.values())
+    spent = sum(t.check_s for t in machine.sandbox.templates.values())
+    return spent * 1000 / checks if checks else None
+
+
 @contextlib.contextmanager
 def _scratch() -> Iterator[Path]:
     data = Path(tempfile.mkdtemp(prefix="runnerd-bench-", dir="/tmp"))
@@ -560,7 +713,28 @@ def run_bench(
             cold_tools += [("JS", "cold_js", ".mjs", JS_TOOL), ("TS", "cold_ts", ".ts", TS_TOOL)]
         cold_jobs = {f"cold {label} tool": bench_tool(machine, name, ext, source)
                  for label, name, ext, source in cold_tools}  # fmt: skip
+        machine.sandbox.limits = dataclasses.replace(machine.sandbox.limits,
+                                                     python_templates=False)  # fmt: skip
         c.update(asyncio.run(_cold_runs(machine, bare, cold_jobs, sizes.runs)))
+        if rt.python is not None:
+            say("Python runs in the sandbox: forked from templates, and fresh nsjails")
+            request = json.dumps({"code": PY_TOOL, "file": "/tool/t.py", "input": {"n": 1}})
+            jobs = {"trivial": Job("python", 10_000, request.encode())}
+            heavy = _heavy_env(data)
+            if heavy is None:
+                bench.skipped.append(f"the heavy package set: not all of {HEAVY_SET} here")
+            else:
+                heavy_request = json.dumps({"code": HEAVY_TOOL, "file": "/tool/t.py",
+                                            "input": {"n": 1}})  # fmt: skip
+                jobs["pydantic + requests"] = Job("python", 10_000, heavy_request.encode(),
+                                                  env_dir=heavy)  # fmt: skip
+                bench.import_ms = _import_ms(rt.python.executable, heavy, sizes.runs)
+            cases = {f"Python, {name}, {path}": (job, path == "template")
+                     for name, job in jobs.items() for path in ("template", "nsjail")}  # fmt: skip
+            checks: list[float | None] = []
+            sandboxed = asyncio.run(_sandbox_runs(machine, cases, sizes.runs, checks))
+            bench.checks_ms = checks[0] if checks else None
+            c.update(sandboxed)
         if rt.python is not None:
             say("the spawn rate of bare jails")
             for workers in (2, CLIENTS):
@@ -570,6 +744,7 @@ def run_bench(
                 )
             total, clients, _ = cpu.per(spawned.n)
             bench.cpu_ms["bare spawn"] = total - clients  # the spawner is no jail's cost
+            bench.cpu_ms["bare spawn, processes"] = cpu.processes(spawned.n)[0]
 
         say("starting a throwaway daemon")
         daemon = _Daemon(settings, data / "daemon")
@@ -600,6 +775,9 @@ def run_bench(
             bench.cpu_ms.update({"runnerd run": total - clients, "daemon": served,
                                  "jails and kernel": total - clients - served,
                                  "clients": clients})  # fmt: skip
+            tree = cpu.processes(loaded.n)[1]
+            bench.cpu_ms["runnerd run, processes"] = tree
+            bench.cpu_ms["jails, processes"] = tree - served
             bench.memory_mb["after load"] = daemon.rss_mb()
             say(f"a burst of {BURST} calls after {sizes.idle_s:g} s idle")
             time.sleep(sizes.idle_s)
@@ -607,4 +785,32 @@ def run_bench(
             bench.memory_mb["after the burst"] = daemon.rss_mb()
         finally:
             daemon.close()
+        if settings.python_templates:
+            say("the same daemon with Python templates off: a fresh nsjail per call")
+            off = msgspec.structs.replace(settings, python_templates=False)
+            daemon = _Daemon(off, data / "daemon-nsjail")
+            try:
+                install = daemon.install(_app_files([("bench_py", ".py", PY_TOOL)]))
+                py = f"/api/v2/apps/installs/{install}/tools/bench_py/run"
+                time.sleep(1)
+                c["Python tool (nsjail), paced"] = _timed(
+                    _caller(daemon, py), sizes.paced, pause_s=0.15
+                )
+                c["Python tool (nsjail), back to back"] = _timed(
+                    _caller(daemon, py), sizes.back_to_back_py
+                )
+                callers = [_caller(daemon, py) for _ in range(CLIENTS)]
+                cpu = _Cpu(daemon.proc.pid)
+                c[f"Python tool (nsjail), {CLIENTS} clients"] = loaded = _load(
+                    callers, sizes.load_s
+                )
+                total, clients, served = cpu.per(loaded.n)
+                bench.cpu_ms["runnerd run, nsjail"] = total - clients
+                bench.cpu_ms["daemon, nsjail"] = served
+                bench.cpu_ms["jails and kernel, nsjail"] = total - clients - served
+                tree = cpu.processes(loaded.n)[1]
+                bench.cpu_ms["runnerd run, processes, nsjail"] = tree
+                bench.cpu_ms["jails, processes, nsjail"] = tree - served
+            finally:
+                daemon.close()
     return bench

@@ -87,7 +87,9 @@ def _failure(args: argparse.Namespace, exc: ApiFailure) -> int:
     # code: the problems say it); any other failure names its code and reason.
     lines = [f"runnerd: {exc}" if problems else f"runnerd: {exc.code}: {exc}"]
     for problem in problems:
-        lines.append(problem_line(problem["file"], problem.get("line"), problem["message"]))
+        if isinstance(problem, dict):  # a bundle's: {file, line?, message}
+            where = str(problem.get("file") or problem.get("pointer") or "")
+            lines.append(problem_line(where, problem.get("line"), str(problem.get("message", ""))))
     reason = exc.details.get("code")
     if reason and not problems:
         lines.append(f"  ({reason})")
@@ -591,7 +593,12 @@ def register_client(
     p.set_defaults(func=_client_command(cmd_tools_list))
     p = tools.add_parser("run", parents=[common, client], help="run a tool by its reference")
     p.add_argument("reference", metavar="REF", help="app-slug/tool_name")
-    p.add_argument("--input", required=True, help="the input as JSON, or - for stdin")
+    p.add_argument(
+        "--input",
+        required=True,
+        metavar="JSON",
+        help="the tool's input, as its input schema asks: JSON text, @FILE, or - for stdin",
+    )
     p.add_argument(
         "--surface",
         choices=get_args(Surface),

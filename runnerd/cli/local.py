@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from runnerd import egress
-from runnerd.cli.output import egress_lines, printable, problem_line, read_input
+from runnerd.cli.output import NEEDS_ROOT, egress_lines, printable, problem_line, read_input
 from runnerd.config import Settings, load_settings
 from runnerd.errors import (
     BundleRejected,
@@ -376,18 +376,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             found["fix"] = fix
         checks.append(found)
 
-    check(
-        "root",
-        os.geteuid() == 0,
-        "runs map to unprivileged uids, which needs root"
-        if os.geteuid() != 0
-        else "running as root",
-    )
-    try:
-        machine = build_machine(settings)
-    except (SandboxUnavailable, OSError) as exc:
-        check("data dir", False, str(exc))
-        machine = None
+    root = os.geteuid() == 0
+    check("root", root, NEEDS_ROOT if not root else "running as root")
+    machine = None
+    if root:  # without root no jail can start: the checks below would only fail
+        try:
+            machine = build_machine(settings)
+        except (SandboxUnavailable, OSError) as exc:
+            check("data dir", False, str(exc))
     if machine is not None:
         nsjail = machine.sandbox.nsjail
         check("nsjail", os.access(nsjail, os.X_OK), nsjail)
@@ -449,6 +445,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                 f"{language} run", *_trial_run(machine, ext, source), required=language == "python"
             )
     failed = [c for c in checks if c["required"] and not c["ok"]]
+    if not root and not args.json:
+        print(f"runnerd: {NEEDS_ROOT}", file=sys.stderr)
+        return 2
     if args.json:
         _print_json({"ok": not failed, "checks": checks})
     else:
@@ -457,7 +456,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(f"{mark} {c['check']:<16} {c['detail']}")
             if c.get("fix"):
                 print(f"     {'':<16} fix: {c['fix']}")
-    return 1 if failed else 0
+    return 2 if not root else 1 if failed else 0
 
 
 def _trial_run(machine: Machine, ext: str, source: str) -> tuple[bool, str]:

@@ -1,7 +1,8 @@
 """The ``runnerd`` command line: the root parser, and ``main``.
 
-Exit codes: 0 success, 1 the thing checked or asked for was refused (problems printed),
-2 bad usage or configuration.
+Exit codes (docs/API.md, CLI): 0 success, 1 the thing checked or asked for was refused
+(problems printed), 2 bad usage or configuration (or not root, for what needs it), 130
+stopped by Ctrl-C, 141 its output was closed early (``| head``): it stops quietly.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from runnerd import __version__
 from runnerd.cli import people, store_ops
 from runnerd.cli.audit import register_audit
 from runnerd.cli.client import register_client
+from runnerd.cli.completion import register_completion
 from runnerd.cli.dev import register_dev
 from runnerd.cli.local import register_local
 from runnerd.cli.serve import register_serve
@@ -47,6 +49,20 @@ ADMIN_ORDER = (
 
 # --- parser ---------------------------------------------------------------------------------
 
+# What a usage error of a command adds, when the user likely meant another command.
+_HINTS = {
+    "runnerd tool": "`runnerd tool test` runs a tool from a local folder; the daemon's "
+    "tools are `runnerd tools list` and `runnerd tools run REF`",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, with a hint after some usage errors (``_HINTS``)."""
+
+    def error(self, message: str) -> Any:
+        hint = _HINTS.get(self.prog)
+        super().error(f"{message}\n{hint}" if hint else message)
+
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -58,7 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--config", type=Path, help="TOML config file ($RUNNERD_CONFIG)")
     common.add_argument("--json", action="store_true", help="print JSON for scripts")
 
-    parser = argparse.ArgumentParser(prog="runnerd", description="Run code tools in sandboxes.")
+    parser: argparse.ArgumentParser = _Parser(
+        prog="runnerd", description="Run code tools in sandboxes."
+    )
     parser.add_argument("--version", action="version", version=f"runnerd {__version__}")
     groups = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
 
@@ -96,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--quick", action="store_true", help="a short run (under 30 s)")
     bench.set_defaults(func=_bench)
+    register_completion(groups, parser)
     return parser
 
 
@@ -140,10 +159,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         result: int = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
     except ConfigError as exc:
         print(f"runnerd: {exc}", file=sys.stderr)
         return 2
     except (StoreUnavailable, DatabaseUnavailable) as exc:
         print(f"runnerd: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `runnerd … | head`: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere
+        return 141  # as a command killed by SIGPIPE
+    except KeyboardInterrupt:
+        print(file=sys.stderr)  # past the ^C the terminal echoed
+        return 130
     return result

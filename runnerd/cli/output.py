@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from runnerd.store import Store
 
 __all__ = [
+    "NEEDS_ROOT",
     "cli_actor",
     "egress_lines",
     "line_printer",
@@ -35,6 +36,14 @@ __all__ = [
     "settings_from_args",
     "store_from_args",
 ]
+
+
+# What serve, doctor and the quickstart say, in one line, when they are not run as root.
+NEEDS_ROOT = (
+    "runnerd serve needs root: each run is mapped to a uid of its own (sandbox_uid_base "
+    "and up), which only root may do; run it as root (sudo), or install the systemd "
+    "service (`sudo runnerd service install`)"
+)
 
 
 def cli_actor() -> str:

@@ -38,7 +38,13 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
         store_from_args(args, new=True), args.workspace, args.email, actor_user_id=cli_actor()
     )
     result = {"workspaceId": made.workspace_id, "userId": made.user_id, "apiKey": made.api_key}
-    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.write(json.dumps(result) + "\n")  # JSON alone on stdout, for scripts
+    print(
+        f"runnerd: made workspace {args.workspace} ({made.workspace_id}) and its admin "
+        f"{args.email}; keep this key (the JSON's apiKey): it is shown only once, signs in to "
+        "the Manage page and is the CLI's RUNNERD_API_KEY",
+        file=sys.stderr,
+    )
     return 0
 
 

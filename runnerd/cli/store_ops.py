@@ -120,23 +120,54 @@ def cmd_backup(args: argparse.Namespace) -> int:
     )
 
 
+def _secrets_key_id(settings: Settings) -> str | None:
+    """The id of the secrets key the settings give (secrets_key, else the key file), or
+    None when there is none yet; never makes one."""
+    import base64
+
+    from runnerd.vault import key_id
+
+    if settings.secrets_key:
+        return key_id(base64.b64decode(settings.secrets_key))
+    path = settings.secrets_key_path
+    return key_id(base64.b64decode(path.read_text().strip())) if path.exists() else None
+
+
 def cmd_restore(args: argparse.Namespace) -> int:
-    from runnerd.store.backup import restore
+    """Put a backup in place; refused (1) when its secrets are sealed with a key the
+    data dir does not have: the daemon could not open them, nor start."""
+    from runnerd.store.backup import restore, sealed_with
 
     settings = settings_from_args(args)
     if not _sqlite_only(settings, "restore"):
         return 2
+    source = Path(args.source).resolve()
     try:
-        kept = restore(Path(args.source).resolve(), settings.data_dir)
+        sealed = sealed_with(source)
+        have = _secrets_key_id(settings)
+        if sealed and have not in sealed:
+            where = settings.secrets_key_path
+            raise BackupError(
+                f"{args.source}: its secrets are sealed with the secrets key "
+                f"{', '.join(sorted(sealed))}, and "
+                + (f"there is no {where.name} at {where}" if have is None
+                   else f"this data dir's key is {have}")
+                + f": put back the {where.name} kept with the backup (or set "
+                "secrets_key_file to it), then restore; nothing was changed"
+            )  # fmt: skip
+        kept = restore(source, settings.data_dir)
     except BackupError as exc:
         print(f"runnerd: {exc}", file=sys.stderr)
         return 1
+    key = settings.secrets_key_path.name
     return output(
         args,
         {"restored": str(settings.data_dir), "previous": str(kept) if kept else None},
         lambda: print(
             f"restored {args.source} into {settings.data_dir}"
             + (f"; the database it replaced is {kept}" if kept else "")
+            + (f"; its secrets open with the {key} there" if sealed else "")
+            + "; check its trail with `runnerd audit verify`"
         ),
     )
 

@@ -146,9 +146,10 @@ def check_store(settings: Settings) -> None:
     """What would keep the daemon from serving with the store (its schema, the audit and
     secrets keys: SystemExit, one line saying what to fix), found before any listener
     opens: ``runnerd serve`` calls it first, so an operator reads the reason, not a
-    traceback of the server's start."""
+    traceback of the server's start; and another daemon serving the data dir."""
     store, _ = _open_store(settings, quiet=True)
     store.close()
+    _hold_data_dir(settings.data_dir).close()  # the lifespan takes it again, to keep
 
 
 def _open_store(settings: Settings, *, quiet: bool = False) -> tuple[Store, Vault]:
@@ -165,8 +166,18 @@ def _open_store(settings: Settings, *, quiet: bool = False) -> tuple[Store, Vaul
             settings.data_dir,
             settings.data_dir,
         )
-    vault = Vault.from_settings(settings.secrets_key, settings.secrets_key_path)
     sealed_with = store.secret_key_ids()
+    key_file = settings.secrets_key_path
+    if sealed_with and not settings.secrets_key and not key_file.exists():
+        # A restored data dir without its key: a new key made now would open nothing.
+        store.close()
+        raise SystemExit(
+            f"runnerd: the secrets in {store.db.where} are sealed with key "
+            f"{', '.join(sorted(sealed_with))}, and there is no secrets key at {key_file}: "
+            f"put back the {key_file.name} kept with the backup (docs/INSTALL.md, Backup "
+            "and restore), or set secrets_key or secrets_key_file to it"
+        )
+    vault = Vault.from_settings(settings.secrets_key, key_file)
     if sealed_with:  # runs will open secrets: load the cipher now, not in a call
         vault.load()
     foreign = sealed_with - {vault.key_id}

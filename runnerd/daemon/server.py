@@ -5,12 +5,19 @@ On SIGTERM (or SIGINT) the daemon first stops admitting runs: every new call get
 ``stop_grace_s``. Runs still going then are ended as ``failed``/``interrupted`` with their
 run, ledger and audit rows, as a restart would end them; then uvicorn stops (closing the
 port, ending open requests) and the lifespan closes the jails and the store. The exit
-status is 0. A second signal stops at once.
+status is 0. A second signal cuts the grace short: the runs still going end at once, as
+interrupted (their callers are answered so, never a 500), and the stop goes on as
+above, still 0. A third stops without waiting for anything (exit 128 + the signal).
+
+What keeps the daemon from starting (the ports taken; a refusal of the lifespan: another
+daemon on the data dir, the store, its keys) is one line on stderr saying what to do, and
+exit status 1: never a traceback of the server's start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import logging
 import os
@@ -18,7 +25,9 @@ import resource
 import socket
 import sys
 import time
+from collections.abc import Awaitable, Callable, MutableMapping
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -66,6 +75,8 @@ class _Server(uvicorn.Server):
         self.grace_s = grace_s
         self.apps_port = apps_port
         self.draining: asyncio.Task[None] | None = None
+        self.signals = 0  # how many stop signals came (the 2nd hurries, the 3rd forces)
+        self.hurry = asyncio.Event()  # the grace is over: interrupt the runs now
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -105,8 +116,15 @@ class _Server(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         state = getattr(self.app.state, "runnerd", None)
-        if self.draining is not None or state is None:
-            super().handle_exit(sig, frame)  # a second signal, or not serving yet: now
+        self.signals += 1
+        if state is None or self.signals > 2:
+            super().handle_exit(sig, frame)  # not serving yet, or a third signal: now
+            if self.signals > 2:
+                self.force_exit = True
+            return
+        if self.draining is not None:  # a second signal: the runs still going end now
+            log.warning("stopping: a second signal: ending the runs still going now")
+            self.hurry.set()
             return
         state.governor.gate.closing = True
         sd_notify("STOPPING=1\nSTATUS=draining runs")
@@ -119,7 +137,7 @@ class _Server(uvicorn.Server):
             "stopping: %d run(s) in their jails get %g s to finish", len(running), self.grace_s
         )
         deadline = time.monotonic() + self.grace_s
-        while state.governor.running and time.monotonic() < deadline:
+        while state.governor.running and time.monotonic() < deadline and not self.hurry.is_set():
             await asyncio.sleep(0.05)
         left = await state.governor.interrupt(state.governor.running)
         if left:
@@ -157,7 +175,77 @@ def raise_open_files(settings: Settings) -> int:
     return soft
 
 
+class _Refusals:
+    """The app, but a refusal of its lifespan's start (SystemExit: what to fix, in one
+    line; any other exception) is kept as ``refusal`` instead of reaching uvicorn's log
+    as a traceback; uvicorn stops the start as it would have."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.refusal: str | None = None
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def quiet(message: Any) -> None:
+            if message.get("type") == "lifespan.startup.failed":
+                message = {"type": message["type"]}  # its traceback: said in one line below
+            await send(message)
+
+        try:
+            await self.app(scope, receive, quiet)
+        except SystemExit as exc:
+            self.refusal = str(exc.code)
+            raise
+        except Exception as exc:
+            log.debug("the start failed", exc_info=exc)
+            self.refusal = f"runnerd: cannot start: {type(exc).__name__}: {exc}"
+            raise
+
+
+class _HideStartFailure(logging.Filter):
+    """uvicorn's "Application startup failed" and "Exception in 'lifespan'": the refusal
+    is printed in one line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        return not text.startswith(("Application startup failed", "Exception in 'lifespan'"))
+
+
+def _ports_free(host: str, ports: list[tuple[int, str]]) -> None:
+    """SystemExit naming the first of ``ports`` (port, what it is for) another program
+    listens on, before anything starts (uvicorn would only log errno 98 once the store
+    and the jails are up)."""
+    for port, what in ports:
+        if port == 0:
+            continue
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise SystemExit(f"runnerd: cannot listen on {host}:{port}: {exc}") from None
+                flag = "--port or RUNNERD_PORT" if what == "port" else "RUNNERD_APPS_PORT"
+                raise SystemExit(
+                    f"runnerd: port {port} on {host} ({what}) is taken, by another runnerd "
+                    f"or another program: stop it, or serve on another port ({flag})"
+                ) from None
+
+
 def serve(app: Starlette, settings: Settings) -> None:
+    """Serve ``app`` until stopped (module docstring). SystemExit with one line when it
+    cannot start: a port taken (checked first), or the lifespan's refusal."""
+    apps_port = settings.apps_listen_port
+    _ports_free(settings.host, [(settings.port, "port"), (apps_port, "apps_port")])
     raise_open_files(settings)
     limits = ConnectionLimits(
         header_timeout_s=settings.http_header_timeout_s,
@@ -165,8 +253,7 @@ def serve(app: Starlette, settings: Settings) -> None:
         per_client=settings.http_max_connections_per_client,
         total=settings.http_max_connections,
     )
-    apps_port = settings.apps_listen_port
-    served = ByListener(app, AppsOrigin(app, settings), apps_port) if apps_port else app
+    served = _Refusals(ByListener(app, AppsOrigin(app, settings), apps_port) if apps_port else app)
     if apps_port:
         logging.getLogger("uvicorn.access").addFilter(HideFrameTokens())
     config = uvicorn.Config(
@@ -186,4 +273,15 @@ def serve(app: Starlette, settings: Settings) -> None:
         loop="asyncio",
         timeout_graceful_shutdown=2,  # runs had their grace already: end open requests
     )
-    _Server(config, app, settings.stop_grace_s, apps_port).run()
+    hide = _HideStartFailure()
+    logging.getLogger("uvicorn.error").addFilter(hide)
+    server = _Server(config, app, settings.stop_grace_s, apps_port)
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's exit when the start failed (3)
+        if served.refusal is None:
+            raise SystemExit("runnerd: the daemon did not start; its log above says why") from None
+    finally:
+        logging.getLogger("uvicorn.error").removeFilter(hide)
+    if served.refusal is not None:
+        raise SystemExit(served.refusal)

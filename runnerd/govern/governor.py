@@ -393,9 +393,13 @@ class Governor:
                 )
             )
         except Interrupted:
+            row = None  # the duration its history has (store.interrupt_runs wrote it)
+            with contextlib.suppress(DatabaseUnavailable):
+                row = await self.store.io(self.store.get_run, run_id)
             result = CallResult(
-                run_id, "failed", None, "interrupted: runnerd stopped before the run ended", 0
-            )
+                run_id, "failed", None, "interrupted: runnerd stopped before the run ended",
+                (row.duration_ms or 0) if row is not None else 0,
+            )  # fmt: skip
             done.set_result(result)
             self._running.pop(run_id, None)
             return result

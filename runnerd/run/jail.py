@@ -38,13 +38,15 @@ import os
 import shutil
 import subprocess
 import time
+from collections import OrderedDict
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runnerd.errors import SandboxUnavailable
+from runnerd.errors import SandboxUnavailable, TemplateUnavailable
 from runnerd.limits import (
+    EGRESS_SOCKET,
     HARNESS_COMPILE_TIMEOUT_S,
     LATE_TIMER_S,
     MAX_LOG_BYTES,
@@ -52,6 +54,7 @@ from runnerd.limits import (
     REPLY_FRAME_BYTES,
     REPLY_GRACE_S,
     SANDBOX_CLOSE_WAIT_S,
+    WARM_MAX_KINDS,
 )
 from runnerd.metrics import METRICS
 from runnerd.model import Language
@@ -59,7 +62,8 @@ from runnerd.package_data import resource_dir
 from runnerd.run.cgroups import Cgroups
 from runnerd.run.proxy import EgressPass, EgressProxy
 from runnerd.run.runtimes import Runtimes
-from runnerd.run.spawn import Jail, start_jail
+from runnerd.run.spawn import RunningJail, start_jail
+from runnerd.run.templates import Template
 from runnerd.run.uids import UidPool
 from runnerd.run.warm import WarmPool
 
@@ -69,6 +73,7 @@ if TYPE_CHECKING:
     from runnerd.config import Settings
 
 __all__ = [
+    "EGRESS_SOCKET",
     "JailEnd",
     "JailKind",
     "Job",
@@ -81,7 +86,6 @@ __all__ = [
 ]
 
 INSIDE_ID = 1000  # the uid/gid a tool sees; mapped to the run's own outside id
-EGRESS_SOCKET = "/run/egress.sock"  # where an egress jail sees the proxy's socket
 PY_HARNESS_PYC = "harness_py.pyc"  # the Python harness, compiled by the jails' interpreter
 
 
@@ -106,6 +110,10 @@ class Limits:
     cpu_ms_per_sec: int  # CPU time per wall second (1000 = one core)
     log_bytes: int = MAX_LOG_BYTES  # stdout+stderr kept per run; the rest is dropped
     output_bytes: int = MAX_OUTPUT_BYTES
+    # How a Python run's jail is made (settings python_templates, package_templates):
+    # forked from a template (tools without packages; with packages too) or a fresh nsjail.
+    python_templates: bool = True
+    package_templates: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
@@ -116,6 +124,8 @@ class Limits:
             file_mb=settings.file_mb,
             open_files=settings.open_files,
             cpu_ms_per_sec=settings.cpu_ms_per_sec,
+            python_templates=settings.python_templates,
+            package_templates=settings.package_templates,
         )
 
 
@@ -269,7 +279,10 @@ class Sandbox:
         self._jail_config = uids.lock_dir.parent / f"jail-tmp-{self.limits.tmp_mb}mb.cfg"
         _write_atomic(self._jail_config, _tmp_mount(self.limits.tmp_mb))
         self._tasks: set[asyncio.Future[None]] = set()  # jails' ends, stops and starts
-        self._serving: set[Jail] = set()  # jails running a call now
+        self._serving: set[RunningJail] = set()  # jails running a call now
+        # Python templates by kind, the WARM_MAX_KINDS used last (run/templates.py).
+        self.templates: OrderedDict[JailKind, Template] = OrderedDict()
+        self._templates_loop: asyncio.AbstractEventLoop | None = None
         self.warm_pool: WarmPool[JailKind] = WarmPool(
             warm,
             start=lambda kind, wall_s: self._start(kind, wall_s, waiting=True),
@@ -361,22 +374,62 @@ class Sandbox:
                      str(result_fd), *(["waiting"] if loader else [])]  # fmt: skip
         return argv
 
-    async def _start(self, kind: JailKind, wall_s: int, *, waiting: bool = False) -> Jail:
+    async def _start(self, kind: JailKind, wall_s: int, *, waiting: bool = False) -> RunningJail:
         """Start a jail of ``kind``: it loads its interpreter and waits on stdin
-        (``waiting``: for a call to come, in the warm pool)."""
+        (``waiting``: for a call to come, in the warm pool). A Python jail is forked from
+        its kind's template when templates are on for it, else (or when the template
+        cannot give a verified child) a fresh nsjail."""
         began = time.monotonic()
-        uid, uid_lock = self.uids.lease()
-        jail = await start_jail(
-            lambda result_fd, log_fd: self.command(
-                kind, uid, result_fd, log_fd, wall_s, waiting=waiting
-            ),
-            uid,
-            uid_lock,
-            result_cap=self.limits.output_bytes + REPLY_FRAME_BYTES,
-            log_cap=self.limits.log_bytes,
-        )
+        template = self._template(kind)
+        jail: RunningJail | None = None
+        if template is not None:
+            uid, uid_lock = self.uids.lease()
+            try:
+                jail = await template.fork(uid, uid_lock, wall_s, egress=kind.egress)
+            except TemplateUnavailable:
+                uid_lock.close()  # the template's child, if any, is reaped
+            except BaseException:
+                uid_lock.close()
+                raise
+        if jail is None:
+            uid, uid_lock = self.uids.lease()
+            jail = await start_jail(
+                lambda result_fd, log_fd: self.command(
+                    kind, uid, result_fd, log_fd, wall_s, waiting=waiting
+                ),
+                uid,
+                uid_lock,
+                result_cap=self.limits.output_bytes + REPLY_FRAME_BYTES,
+                log_cap=self.limits.log_bytes,
+            )
         METRICS.jail_start_seconds.labels(kind.language).observe(time.monotonic() - began)
         return jail
+
+    def _template(self, kind: JailKind) -> Template | None:
+        """The template of ``kind`` (made on first use; the least recently used past
+        WARM_MAX_KINDS is stopped), or None when its jails are fresh nsjails."""
+        lim = self.limits
+        if kind.language != "python" or not lim.python_templates:
+            return None
+        if kind.env_dir is not None and not lim.package_templates:
+            return None
+        if self.runtimes.python is None:
+            return None
+        loop = asyncio.get_running_loop()
+        if self._templates_loop is not loop:
+            # Templates answer in the loop that started them; a Sandbox used from another
+            # (a test's next asyncio.run) stops the old ones and starts its own.
+            while self.templates:
+                self.templates.popitem()[1].abandon()
+            self._templates_loop = loop
+        template = self.templates.get(kind)
+        if template is None:
+            template = self.templates[kind] = Template(self, kind)
+            while len(self.templates) > WARM_MAX_KINDS:
+                _, old = self.templates.popitem(last=False)
+                self._in_background(old.close())
+        self.templates.move_to_end(kind)
+        return template
 
     def _in_background(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` in a task that ``close`` waits for."""
@@ -391,6 +444,9 @@ class Sandbox:
         for jail in list(self._serving):
             if jail.alive:
                 await jail.stop()
+        while self.templates:
+            _, template = self.templates.popitem()
+            await template.close()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=SANDBOX_CLOSE_WAIT_S)
         if self.proxy is not None:
@@ -488,7 +544,7 @@ class Sandbox:
             if refill:
                 self.warm_pool.refill(kind)
 
-    async def _finish(self, jail: Jail, grace_s: float, on_end: JailEnd | None) -> None:
+    async def _finish(self, jail: RunningJail, grace_s: float, on_end: JailEnd | None) -> None:
         """End a jail that has replied (``grace_s`` to exit by itself) or whose call has
         gone (none); its uid and its call's ``on_end`` come back once it is reaped."""
         try:
@@ -496,7 +552,7 @@ class Sandbox:
         finally:
             self._ended(jail, on_end)
 
-    def _ended(self, jail: Jail, on_end: JailEnd | None) -> None:
+    def _ended(self, jail: RunningJail, on_end: JailEnd | None) -> None:
         """The jail is reaped: its uid goes back, and its call's slot."""
         jail.uid_lock.close()
         self._serving.discard(jail)

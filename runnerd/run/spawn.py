@@ -27,11 +27,19 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from runnerd.limits import LEFTOVER_WAIT_S, MAX_JAIL_LOG_BYTES, STOP_GRACE_S
 from runnerd.run.uids import UidLock, kill_leftovers
 
-__all__ = ["DIE_WITH_PARENT", "Jail", "kill_leftovers", "spawn", "start_jail"]
+__all__ = [
+    "DIE_WITH_PARENT",
+    "Jail",
+    "RunningJail",
+    "kill_leftovers",
+    "spawn",
+    "start_jail",
+]
 
 
 def _die_with_parent() -> tuple[str, ...]:
@@ -261,6 +269,44 @@ class _Start:
             popen.kill()
             popen.wait()
         self._release()
+
+
+class RunningProcess(Protocol):
+    """What Sandbox uses of a jail's process: an nsjail (``_Process``) or a template's
+    child (templates._ChildProcess)."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class RunningJail(Protocol):
+    """What Sandbox.run and the warm pool use of a started jail: a ``Jail`` (a fresh
+    nsjail) or a templates.TemplateJail (a child forked from a Python template)."""
+
+    uid: int
+    uid_lock: UidLock
+    stdin: asyncio.WriteTransport
+    result: _Capped
+    jail_log: _Capped
+    logs: _Capped
+    started: float
+    taken: bool
+
+    @property
+    def proc(self) -> RunningProcess: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def stop(self) -> None: ...
+
+    async def end(self, grace_s: float) -> None: ...
 
 
 class Jail:

@@ -7,7 +7,8 @@ comes: ``size`` per kind, for the WARM_MAX_KINDS kinds used last. A call takes o
 (``take``); every jail still serves exactly one call and is gone after it. A waiting jail
 older than WARM_MAX_IDLE_S, or one that died, leaves the pool, and a fresh one takes its
 place. The pool knows nothing of what a jail is: it starts them through the ``start`` it
-is given (Sandbox's), and stops them through spawn.Jail.
+is given (Sandbox's), and stops them through spawn.RunningJail: a fresh nsjail, or a child
+forked from a Python template (run/templates.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from typing import Any, Generic, TypeVar
 
 from runnerd.limits import MAX_TIMEOUT_S, WARM_MAX_IDLE_S, WARM_MAX_KINDS, WARM_MIN_LIFE_S
-from runnerd.run.spawn import Jail
+from runnerd.run.spawn import RunningJail
 
 __all__ = ["WAITING_WALL_S", "WarmPool"]
 
@@ -39,18 +40,18 @@ class WarmPool(Generic[Kind]):
         self,
         size: int,
         *,
-        start: Callable[[Kind, int], Awaitable[Jail]],
+        start: Callable[[Kind, int], Awaitable[RunningJail]],
         background: Callable[[Coroutine[Any, Any, None]], None],
     ) -> None:
         self.size = size  # jails kept waiting per kind; 0 = start each jail on demand
         self._start = start
         self._background = background
-        self._ready: dict[Kind, deque[Jail]] = {}
+        self._ready: dict[Kind, deque[RunningJail]] = {}
         self._filling: set[Kind] = set()
         self._recent: OrderedDict[Kind, None] = OrderedDict()
         self._closed = False
 
-    def take(self, kind: Kind) -> Jail | None:
+    def take(self, kind: Kind) -> RunningJail | None:
         """A waiting jail of ``kind``, if one is alive and fresh; stale ones are dropped."""
         ready = self._ready.get(kind)
         while ready:
@@ -88,7 +89,7 @@ class WarmPool(Generic[Kind]):
         finally:
             self._filling.discard(kind)
 
-    async def _reap(self, kind: Kind, jail: Jail) -> None:
+    async def _reap(self, kind: Kind, jail: RunningJail) -> None:
         """A waiting jail leaves the pool when it dies, or when it has waited
         WARM_MAX_IDLE_S; a fresh one takes its place, so the pool stays warm."""
         with contextlib.suppress(TimeoutError):
@@ -105,7 +106,7 @@ class WarmPool(Generic[Kind]):
         if kind in self._recent and time.monotonic() - jail.started >= WARM_MIN_LIFE_S:
             self.refill(kind)
 
-    async def _discard(self, jail: Jail) -> None:
+    async def _discard(self, jail: RunningJail) -> None:
         if jail.alive:
             await jail.stop()
         jail.uid_lock.close()

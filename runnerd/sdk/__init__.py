@@ -2,18 +2,24 @@
 
     from runnerd.sdk import AppClient, AppBridgeError
 
-    client = AppClient("http://127.0.0.1:8686", api_key, workspace_id, app="deal-desk")
-    run = client.run_tool("score_offer", offer)      # or "deal-desk/score_offer"
-    if run.status == "succeeded":
-        print(run.output["decision"])
+    with AppClient("http://127.0.0.1:8686", api_key, workspace_id, app="deal-desk") as client:
+        run = client.run_tool("score_offer", offer)      # or "deal-desk/score_offer"
+        if run.status == "succeeded":
+            print(run.output["decision"])
 
 A run that started resolves, whatever its status (``succeeded``, ``failed``,
-``timed_out``); every refusal before the tool starts raises ``AppBridgeError`` with the
-envelope's ``code``, the precise ``reason`` (``details.code``: ``INVALID_INPUT``,
-``budget_exhausted``, ``INSUFFICIENT_WORKSPACE_ROLE``...), the HTTP ``status``, the
-``details`` and ``retry_after`` (seconds, for 429 and 503). ``AsyncAppClient`` is the
-same for asyncio. This module needs only httpx and runnerd.limits (the numbers it shares
-with the daemon, such as how long a call may take): none of the daemon's parts.
+``timed_out``); every refusal before the tool starts raises ``AppBridgeError``. Its
+``reason`` (and ``code``, always the same) is the precise reason to branch on: the
+API's ``details.code`` (``INVALID_INPUT``, ``budget_exhausted``, ``TOOL_NOT_FOUND``,
+``INSUFFICIENT_WORKSPACE_ROLE``...) or the SDK's own (``connection_failed``,
+``CROSS_ORIGIN_REDIRECT``...); ``envelope_code`` is the envelope's class (``BAD_REQUEST``,
+``FORBIDDEN``..., or the SDK's ``UNAVAILABLE``, ``REDIRECT_REFUSED``); with the HTTP
+``status``, the ``details`` and ``retry_after`` (seconds, for 429 and 503).
+``AsyncAppClient`` is the same for asyncio (``async with``). ``RunResult`` is generic in
+its output: ``runnerd tools types --lang py`` prints a client Protocol whose ``run_tool``
+overloads give each tool's input and output types. This module needs only httpx and
+runnerd.limits (the numbers it shares with the daemon, such as how long a call may
+take): none of the daemon's parts.
 
 Neither client sends the API key or an input to another origin: a redirect is followed
 only within the daemon's own origin (scheme, host and port), at most ``MAX_REDIRECTS``
@@ -26,13 +32,29 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic
 from urllib.parse import quote
 
 import httpx
 
 from runnerd.limits import MAX_CALL_WAIT_S, MAX_REDIRECTS, MAX_RETRY_WAIT_S
+
+if TYPE_CHECKING:
+    from types import TracebackType
+    from typing import Self
+
+    from typing_extensions import TypeVar
+
+    # A bare ``RunResult`` is ``RunResult[Any]`` (PEP 696), so annotations written before
+    # it was generic still pass ``mypy --strict``; typing_extensions only for the checker.
+    Output = TypeVar("Output", default=Any)
+else:
+    from typing import TypeVar
+
+    Output = TypeVar("Output")
 
 __all__ = ["AppBridgeError", "AppClient", "AsyncAppClient", "RunResult", "ToolInfo"]
 
@@ -43,11 +65,16 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 class AppBridgeError(Exception):
     """A call refused before its tool started (or a daemon that cannot be reached:
-    code ``UNAVAILABLE``, reason ``connection_failed``, status 0)."""
+    reason ``connection_failed``, envelope_code ``UNAVAILABLE``, status 0).
+
+    ``reason`` is the field to branch on (``code`` is the same, always, as in the JS
+    SDK and in a frame): the precise reason, ``budget_exhausted``, ``INVALID_INPUT``,
+    ``TOOL_NOT_FOUND``... ``envelope_code`` is the API envelope's ``error.code``
+    (``FORBIDDEN`` for a spent budget), one class of many reasons."""
 
     def __init__(
         self,
-        code: str,
+        envelope_code: str,
         reason: str,
         status: int,
         message: str,
@@ -55,26 +82,36 @@ class AppBridgeError(Exception):
         retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
-        self.code = code
+        self.envelope_code = envelope_code
         self.reason = reason
         self.status = status
         self.message = message
         self.details = details or {}
         self.retry_after = retry_after
 
+    @property
+    def code(self) -> str:
+        """The precise reason: the same as ``reason``."""
+        return self.reason
+
     def __repr__(self) -> str:
-        return f"AppBridgeError({self.code}, reason={self.reason!r}, status={self.status})"
+        return (
+            f"AppBridgeError({self.reason!r}, envelope_code={self.envelope_code!r}, "
+            f"status={self.status})"
+        )
 
 
 @dataclass(frozen=True)
-class RunResult:
+class RunResult(Generic[Output]):
     """A run that started: ``status`` is succeeded, failed or timed_out. A write call
     held for approval (from chat or relay surfaces) has status ``pending_approval``,
-    ``run_id`` None and its ``approval_id``."""
+    ``run_id`` None and its ``approval_id``. ``output`` is None unless succeeded: its
+    type is ``Any``, or, through the generated client Protocol, the tool's output type
+    or None (``RunResult[ScoreOfferOutput | None]``)."""
 
     run_id: str | None
     status: str
-    output: Any
+    output: Output
     error: str | None
     duration_ms: int | None
     approval_id: str | None = None
@@ -129,7 +166,7 @@ def _refusal(response: httpx.Response) -> AppBridgeError:
     details = error.get("details") or {}
     code = str(error.get("code", "INTERNAL_ERROR"))
     return AppBridgeError(
-        code=code,
+        envelope_code=code,
         reason=str(details.get("code", code)),
         status=response.status_code,
         message=str(error.get("message", "")),
@@ -138,7 +175,7 @@ def _refusal(response: httpx.Response) -> AppBridgeError:
     )
 
 
-def _result(response: httpx.Response) -> RunResult:
+def _result(response: httpx.Response) -> RunResult[Any]:
     body = response.json()
     if response.status_code == 202:
         return RunResult(None, body["status"], None, None, None, approval_id=body["approvalId"])
@@ -181,7 +218,7 @@ class _Base:
         # No surface: the server records the one the key proves (api for a personal key).
         return path, {"input": value}, headers
 
-    def _settle(self, response: httpx.Response, attempt: int) -> RunResult | float:
+    def _settle(self, response: httpx.Response, attempt: int) -> RunResult[Any] | float:
         """The run's result; else the seconds to wait before retrying (429 or 503 within
         the retries asked for); else AppBridgeError."""
         if response.status_code in (200, 202):
@@ -322,10 +359,15 @@ class AppClient(_Base):
             event_hooks={"response": [_target]},
         )
 
-    def __enter__(self) -> AppClient:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         self.close()
 
     def close(self) -> None:
@@ -344,7 +386,7 @@ class AppClient(_Base):
                 return response
             request, hops = following, hops + 1
 
-    def run_tool(self, name: str, input: Any, idempotency_key: str | None = None) -> RunResult:
+    def run_tool(self, name: str, input: Any, idempotency_key: str | None = None) -> RunResult[Any]:
         path, body, headers = self._run_request(name, input, idempotency_key)
         params = {"workspaceId": self.workspace_id}
         attempt = 0
@@ -383,7 +425,41 @@ async def _send_async(http: httpx.AsyncClient, request: httpx.Request) -> httpx.
 
 
 class AsyncAppClient(_Base):
-    """The same calls for asyncio."""
+    """The same calls for asyncio. Inside ``async with AsyncAppClient(...) as client:``
+    the calls share one HTTP client and its connections (closed at the block's end, or
+    by ``aclose()``); outside one, each call opens and closes its own."""
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str,
+        workspace_id: str,
+        app: str | None = None,
+        *,
+        retries: int = 0,
+        timeout: float = MAX_CALL_WAIT_S,
+    ) -> None:
+        super().__init__(url, api_key, workspace_id, app, retries=retries, timeout=timeout)
+        self._http: httpx.AsyncClient | None = None
+
+    async def __aenter__(self) -> Self:
+        if self._http is None:
+            self._http = self._client()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connections ``async with`` opened; calls made after open their own."""
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
 
     def _client(self) -> httpx.AsyncClient:
         # Redirects are followed by _send_async alone, which checks each target's origin.
@@ -394,13 +470,22 @@ class AsyncAppClient(_Base):
             event_hooks={"response": [_target_async]},
         )
 
+    @asynccontextmanager
+    async def _session(self) -> AsyncIterator[httpx.AsyncClient]:
+        """The ``async with`` block's HTTP client, else one for this call alone."""
+        if self._http is not None:
+            yield self._http
+            return
+        async with self._client() as http:
+            yield http
+
     async def run_tool(
         self, name: str, input: Any, idempotency_key: str | None = None
-    ) -> RunResult:
+    ) -> RunResult[Any]:
         path, body, headers = self._run_request(name, input, idempotency_key)
         params = {"workspaceId": self.workspace_id}
         attempt = 0
-        async with self._client() as http:
+        async with self._session() as http:
             while True:
                 request = http.build_request(
                     "POST", path, json=body, headers=headers, params=params
@@ -412,7 +497,7 @@ class AsyncAppClient(_Base):
                 attempt += 1
 
     async def list_tools(self) -> list[ToolInfo]:
-        async with self._client() as http:
+        async with self._session() as http:
             request = http.build_request(
                 "GET",
                 "/api/v2/apps/tools",

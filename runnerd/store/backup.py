@@ -21,7 +21,7 @@ from runnerd.limits import BACKUP_BUSY_TIMEOUT_S, BACKUP_STEP_PAGES
 from runnerd.store.core import DB_FILENAME
 from runnerd.store.schema import MIGRATIONS
 
-__all__ = ["backup", "restore"]
+__all__ = ["backup", "restore", "sealed_with"]
 
 
 def _check(path: Path) -> int:
@@ -79,6 +79,20 @@ def backup(data_dir: Path, target: Path) -> int:
         source.close()
     _check(target)
     return target.stat().st_size
+
+
+def sealed_with(source: Path) -> set[str]:
+    """The ids of the secrets keys a backup's secrets are sealed with (read only; none
+    from a backup with no secrets, or of a schema before them)."""
+    _check(source)
+    conn = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT DISTINCT key_id FROM install_secrets").fetchall()
+    except sqlite3.Error:
+        return set()
+    finally:
+        conn.close()
+    return {str(row[0]) for row in rows}
 
 
 def restore(source: Path, data_dir: Path) -> Path | None:

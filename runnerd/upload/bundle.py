@@ -24,6 +24,7 @@ from runnerd.model import Bundle, Manifest, Page, Problem, Tool
 from runnerd.run.addresses import never_refusal
 from runnerd.run.toolchain import Toolchain
 from runnerd.upload.code import SourceFile, check_code
+from runnerd.upload.imports import import_warnings
 from runnerd.upload.pages import check_pages, folder_problem, not_pages_of
 from runnerd.upload.tool_file import load_tool
 from runnerd.upload.walk import glob_problem, match_globs, path_problems
@@ -222,11 +223,18 @@ def load_bundle(files: Mapping[str, bytes], *, toolchain: Toolchain | None) -> B
         [SourceFile(d.source_path, d.language, d.source, d.packages) for d in drafts], toolchain
     )
     tools: list[Tool] = []
+    app_modules = frozenset(
+        posixpath.splitext(posixpath.basename(p))[0] for p in files if p.endswith(".py")
+    )
     for draft in drafts:
         check = checks[draft.source_path]
         problems.extend(Problem(draft.source_path, msg, line) for line, msg in check.problems)
         if check.problems or not draft.ok:
             continue
+        if draft.language == "python":
+            warnings += import_warnings(
+                draft.source_path, draft.source, draft.packages, app_modules
+            )
         doc = draft.doc
         tools.append(
             Tool(

@@ -130,8 +130,34 @@ def _schema_problems(file: str, tree: Any, key: str, schema: dict[str, Any]) -> 
     try:
         compile_schema(schema)
     except SchemaError as exc:
-        return [Problem(file, f"{key}: not a usable JSON Schema: {exc}", line)]
+        named = [  # the word at fault and where, rather than the validator's "Unknown type"
+            Problem(file, f"{key}: not a usable JSON Schema: Unknown type {word!r} at "
+                    f"{'.'.join(map(str, at))} (a type is one of {', '.join(_TYPES)})",
+                    line_of(tree, (key, *at)))
+            for at, word in _unknown_types(schema, ())
+        ]  # fmt: skip
+        return named or [Problem(file, f"{key}: not a usable JSON Schema: {exc}", line)]
     return []
+
+
+_TYPES = ("array", "boolean", "integer", "null", "number", "object", "string")
+
+
+def _unknown_types(node: Any, at: tuple[str | int, ...]) -> list[tuple[tuple[str | int, ...], Any]]:
+    """Each ``type`` in a schema whose word is none of _TYPES: (its path, the word). Values
+    that are data, not schemas (const, default, enum, examples), are not looked into."""
+    found: list[tuple[tuple[str | int, ...], Any]] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "type":
+                words = v if isinstance(v, list) else [v]
+                found += [((*at, k), w) for w in words if isinstance(w, str) and w not in _TYPES]
+            elif k not in ("const", "default", "enum", "examples"):
+                found += _unknown_types(v, (*at, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            found += _unknown_types(v, (*at, i))
+    return found
 
 
 def _one_source(

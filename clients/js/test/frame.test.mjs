@@ -107,7 +107,8 @@ test('a refusal rejects with an AppBridgeError: its code, status and details', a
     const err = await refused(done);
     assert.ok(err instanceof FrameBridgeError); // one class, whichever module it came from
     assert.equal(err.name, 'AppBridgeError');
-    assert.deepEqual([err.code, err.reason, err.status, err.message], [error.code, error.code, error.status, error.message]);
+    assert.deepEqual([err.code, err.reason, err.envelopeCode, err.status, err.message],
+      [error.code, error.code, error.code, error.status, error.message]);
     assert.deepEqual(err.details, error.details);
   }
   // A malformed error still rejects, with what can be read of it.

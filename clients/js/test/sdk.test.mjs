@@ -39,7 +39,7 @@ test('a succeeded, a failed and a timed-out run all resolve', { skip }, async ()
   assert.equal(slow.output, null);
 });
 
-test('every refusal rejects with its code, reason and status', { skip }, async () => {
+test('every refusal rejects with its reason (code the same), envelope code and status', { skip }, async () => {
   const cases = [
     [() => client().runTool('echo', { n: 11 }), 'BAD_REQUEST', 'INVALID_INPUT', 400],
     [() => client({ app: 'sdk-broke' }).runTool('echo', {}), 'FORBIDDEN', 'budget_exhausted', 403],
@@ -48,13 +48,25 @@ test('every refusal rejects with its code, reason and status', { skip }, async (
     [() => client().runTool('nope', {}), 'NOT_FOUND', 'TOOL_NOT_FOUND', 404],
     [() => client({ apiKey: 'rk_p_wrong' }).runTool('echo', {}), 'UNAUTHORIZED', 'UNAUTHORIZED', 401],
   ];
-  for (const [call, code, reason, status] of cases) {
+  for (const [call, envelopeCode, reason, status] of cases) {
     const err = await refused(call());
-    assert.deepEqual([err.code, err.reason, err.status], [code, reason, status]);
+    assert.deepEqual([err.reason, err.code, err.envelopeCode, err.status],
+      [reason, reason, envelopeCode, status]);
     assert.ok(err.message.length > 0);
   }
   const invalid = await refused(client().runTool('echo', { n: 11 }));
   assert.equal(invalid.details.pointer, '/n');
+});
+
+test('a spent budget, an invalid input and an unknown tool match err.code as the docs write it', { skip }, async () => {
+  // What a user writes (docs/SDK.md, Errors): the seed's budget_exhausted, on code or reason.
+  const spent = await refused(client({ app: 'sdk-broke' }).runTool('echo', {}));
+  assert.ok(spent.code === 'budget_exhausted' && spent.reason === 'budget_exhausted', spent.code);
+  assert.ok(typeof spent.details.resetsAt === 'string');
+  const invalid = await refused(client().runTool('echo', { n: 11 }));
+  assert.ok(invalid.code === 'INVALID_INPUT', invalid.code);
+  const unknown = await refused(client().runTool('nope', {}));
+  assert.ok(unknown.code === 'TOOL_NOT_FOUND', unknown.code);
 });
 
 test('an idempotent retry returns the first run', { skip }, async () => {
@@ -77,7 +89,8 @@ test('listTools gives the app\'s tools with their schemas', { skip }, async () =
 test('an unreachable daemon rejects as UNAVAILABLE', { skip }, async () => {
   const err = await refused(getAppClient({ url: 'http://127.0.0.1:9', apiKey: 'k', workspaceId: 'w', app: 'a' })
     .runTool('t', {}));
-  assert.deepEqual([err.code, err.reason, err.status], ['UNAVAILABLE', 'connection_failed', 0]);
+  assert.deepEqual([err.reason, err.code, err.envelopeCode, err.status],
+    ['connection_failed', 'connection_failed', 'UNAVAILABLE', 0]);
 });
 
 test('a bare tool name needs an app', { skip }, async () => {
@@ -154,7 +167,8 @@ function labClient(url, overrides = {}) {
 }
 
 function assertRefused(err, reason, status) {
-  assert.deepEqual([err.code, err.reason, err.status], ['REDIRECT_REFUSED', reason, status]);
+  assert.deepEqual([err.envelopeCode, err.reason, err.code, err.status],
+    ['REDIRECT_REFUSED', reason, reason, status]);
   assert.ok(!`${err.message} ${JSON.stringify(err.details)}`.includes(KEY), 'the key is in the error');
 }
 

@@ -6,7 +6,7 @@ import { approvalsView } from './approvals.js';
 import { appFrameView } from './bridge.js';
 import { consentView } from './consent.js';
 import {
-  appsView, auditView, installView, ledgerView, peopleView, runView, runsView, toolView,
+  appsView, auditView, diffView, installView, ledgerView, peopleView, runView, runsView, toolView,
 } from './views.js';
 
 const main = document.getElementById('main');
@@ -14,6 +14,7 @@ const main = document.getElementById('main');
 const ROUTES = [
   [/^\/?$/, appsView, 'Apps'],
   [/^\/apps\/([^/]+)$/, appFrameView, 'App', ['installId']],
+  [/^\/apps\/([^/]+)\/diff$/, diffView, 'Changes', ['appSlug']],
   [/^\/installs\/([^/]+)$/, installView, 'Manage', ['installId']],
   [/^\/installs\/([^/]+)\/tools\/([^/]+)$/, toolView, 'Tool', ['installId', 'tool']],
   [/^\/installs\/([^/]+)\/runs$/, runsView, 'Runs', ['installId']],

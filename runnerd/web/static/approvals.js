@@ -3,7 +3,7 @@
 // who approves each app's relay calls, and the workspace's webhook. Every value goes in
 // as text (dom.js h): nothing a call holds is ever parsed as HTML.
 import { api, can, session } from './api.js';
-import { append, clear, empty, errorBox, h, pretty, when } from './dom.js';
+import { append, clear, empty, errorBox, h, pretty, srOnly, when } from './dom.js';
 import { act, emailsById, section } from './views.js';
 
 const ws = () => session.workspaceId;
@@ -31,14 +31,14 @@ function heldInput(value, schema) {
 
 function approvalRows(found, status, emails) {
   const decide = (a, verb, done) => act(() => api('POST', `/api/v2/approvals/${a.approvalId}/${verb}`), done);
-  const headers = ['Approval', 'App', 'Tool', 'Asked by', 'Surface', 'Asked', status === 'pending' ? 'Expires' : 'Outcome', ''];
+  const headers = ['Approval', 'App', 'Tool', 'Asked by', 'Surface', 'Asked', status === 'pending' ? 'Expires' : 'Outcome', srOnly('Decide')];
   if (!found.data.length) return empty(status === 'pending' ? 'No write calls are waiting.' : `No ${status} approvals.`);
   // One tbody per approval: its row, and below it (to a decider) the input it holds.
   const bodies = found.data.map((a) => h('tbody', { 'data-approval': a.approvalId },
     h('tr', {}, [
       a.approvalId, a.appSlug ? `${a.appSlug} ${a.version || ''}` : a.installId, a.tool,
       a.requestedByEmail || emails.get(a.requestedBy) || a.requestedBy, a.surface, when(a.createdAt),
-      status === 'pending' ? when(a.expiresAt) : [a.status, a.decidedAt ? ` ${when(a.decidedAt)}` : '',
+      status === 'pending' ? when(a.expiresAt) : [a.status, a.decidedAt ? [' ', when(a.decidedAt)] : '',
         a.decidedBy ? ` by ${emails.get(a.decidedBy) || a.decidedBy}` : '', a.runId ? [' ', h('a', { href: `#/runs/${a.runId}` }, 'run')] : ''],
       a.mayDecide ? [
         h('button', { type: 'button', class: 'small', onclick: () => decide(a, 'approve', 'Approved') }, 'Approve'), ' ',
@@ -46,7 +46,7 @@ function approvalRows(found, status, emails) {
     ].map((c) => h('td', {}, c))),
     a.input !== undefined ? h('tr', { class: 'held' }, h('td', { colspan: headers.length },
       h('div', { class: 'muted' }, 'Input'), heldInput(a.input, a.inputSchema))) : null));
-  return h('div', { class: 'table-wrap' }, h('table', { class: 'approvals' },
+  return h('div', { class: 'table-wrap', tabindex: 0 }, h('table', { class: 'approvals' },
     h('thead', {}, h('tr', {}, headers.map((x) => h('th', { scope: 'col' }, x)))), bodies));
 }
 
@@ -81,8 +81,8 @@ async function rulesSection() {
   });
   return section('Who approves',
     h('p', { class: 'muted' }, 'Who may approve an app\'s write calls from relays. An app\'s rule replaces the workspace default (people with the approver flag, and admins); from chat, the person who asked always decides.'),
-    rows.length ? h('div', { class: 'table-wrap' }, h('table', {},
-      h('thead', {}, h('tr', {}, ['App', 'Now', 'Roles', 'People', ''].map((x) => h('th', { scope: 'col' }, x)))),
+    rows.length ? h('div', { class: 'table-wrap', tabindex: 0 }, h('table', {},
+      h('thead', {}, h('tr', {}, ['App', 'Now', 'Roles', 'People', srOnly('Actions')].map((x) => h('th', { scope: 'col' }, x)))),
       h('tbody', {}, rows))) : empty('No apps installed.'));
 }
 

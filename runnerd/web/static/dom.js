@@ -28,15 +28,29 @@ export function clear(el) {
   return el;
 }
 
+// A date as the viewer's locale writes it, in a <time> whose title is the ISO text.
 export function when(iso) {
   if (!iso) return '';
   const date = new Date(iso);
-  return Number.isNaN(date.getTime()) ? iso : date.toLocaleString();
+  if (Number.isNaN(date.getTime())) return iso;
+  return h('time', { datetime: iso, title: iso }, date.toLocaleString());
 }
 
 export function ms(value) {
   if (value === null || value === undefined) return '';
   return value >= 10000 ? `${(value / 1000).toFixed(1)} s` : `${value} ms`;
+}
+
+// Sandbox time always in seconds (a budget and its parts in one unit), in the locale.
+export function seconds(value) {
+  if (value === null || value === undefined) return '';
+  const s = value / 1000;
+  return `${s.toLocaleString(undefined, { maximumFractionDigits: s < 10 ? 2 : 1 })} s`;
+}
+
+// Text a screen reader reads and the eye does not see (a column of buttons' header).
+export function srOnly(text) {
+  return h('span', { class: 'sr-only' }, text);
 }
 
 export function badge(text, kind) {
@@ -57,8 +71,9 @@ export function errorBox(err) {
   return h('div', { class: 'error', role: 'alert' }, err.message || String(err));
 }
 
+// Formatted JSON; focusable, so a keyboard can scroll it when it overflows.
 export function pretty(value) {
-  return h('pre', { class: 'json' }, JSON.stringify(value, null, 2));
+  return h('pre', { class: 'json', tabindex: 0 }, JSON.stringify(value, null, 2));
 }
 
 export function toast(text) {
@@ -69,12 +84,12 @@ export function toast(text) {
   toast.timer = setTimeout(() => box.classList.remove('shown'), 2500);
 }
 
-// A confirmation dialog; resolves true or false.
-export function confirmDialog(title, text, action = 'Confirm') {
+// A confirmation dialog (``more``: nodes shown below the text); resolves true or false.
+export function confirmDialog(title, text, action = 'Confirm', more = null) {
   return new Promise((resolve) => {
     const dialog = h('dialog', { class: 'confirm', 'aria-labelledby': 'confirm-title' },
       h('h2', { id: 'confirm-title' }, title),
-      h('p', {}, text),
+      h('p', {}, text), more,
       h('div', { class: 'actions' },
         h('button', { type: 'button', class: 'secondary', onclick: () => dialog.close('no') }, 'Cancel'),
         h('button', { type: 'button', class: 'danger', onclick: () => dialog.close('yes') }, action)));
@@ -87,9 +102,11 @@ export function confirmDialog(title, text, action = 'Confirm') {
   });
 }
 
+// A table; a header may be a node (srOnly). Its wrapper scrolls sideways on a narrow
+// screen, and is focusable so a keyboard can scroll it too.
 export function table(headers, rows, emptyText) {
   if (!rows.length) return empty(emptyText);
-  return h('div', { class: 'table-wrap' },
+  return h('div', { class: 'table-wrap', tabindex: 0 },
     h('table', {},
       h('thead', {}, h('tr', {}, headers.map((x) => h('th', { scope: 'col' }, x)))),
       h('tbody', {}, rows.map((cells) => h('tr', {}, cells.map((c) => h('td', {}, c)))))));

@@ -23,9 +23,12 @@ function control(name, prop, required) {
   if (kind === 'boolean') {
     input = h('input', { ...common, type: 'checkbox', checked: prop.default === true });
   } else if (kind === 'enum') {
+    // An empty first choice, required or not: a required field without a default is left
+    // for the person to pick (the input check names it if they do not), never pre-picked.
+    const picked = prop.enum.some((v) => v === prop.default);
     input = h('select', common,
-      required ? null : h('option', { value: '' }, '(none)'),
-      prop.enum.map((v) => h('option', { value: JSON.stringify(v), selected: v === prop.default }, String(v))));
+      h('option', { value: '', selected: !picked }, required ? 'Choose…' : '(none)'),
+      prop.enum.map((v) => h('option', { value: JSON.stringify(v), selected: picked && v === prop.default }, String(v))));
   } else if (kind === 'json') {
     input = h('textarea', { ...common, rows: 3, class: 'mono', spellcheck: 'false',
       placeholder: prop.type === 'array' ? '[ ]' : '{ }' },
