@@ -121,6 +121,7 @@ def test_the_wheel_in_a_clean_venv_serves_the_example(toolchain_dir: Path, outsi
     [harnesses] = (outside / "data" / "harness").iterdir()
     assert sorted(path.name for path in harnesses.iterdir()) == [
         "harness_js.cjs", "harness_py.py", "harness_py.pyc", "seccomp.kafel",
+        "template.kafel", "template_py.py",
     ]  # fmt: skip
 
 
