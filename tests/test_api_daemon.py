@@ -201,10 +201,8 @@ def _of_a_run(cmdline: Path) -> bool:
     """Whether the process is a run's (a jail's harness, a template's child or what it
     started), not a template itself (whose parent is its nsjail)."""
     own = _read(cmdline)
-    if b"harness_py" in own:
-        return True
-    if b"template_py" not in own:
-        return False
+    if b"template_py" not in own:  # a template's argv names the harness too
+        return b"harness_py" in own
     status = _read(cmdline.parent / "status").decode().splitlines()
     parent = next((line.split()[1] for line in status if line.startswith("PPid:")), "0")
     return b"nsjail" not in _read(Path("/proc") / parent / "cmdline")
