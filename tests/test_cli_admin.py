@@ -155,7 +155,9 @@ def test_service_install_bootstraps_once(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     assert "apiKey" not in json.loads(again.stdout)
     data = tmp_path / "var/lib/runnerd"
-    assert again.stderr == f"runnerd: {data} has a workspace already; not bootstrapping\n"
+    # (After the line saying the unit could not see this runnerd, when the tree is under a
+    # folder the unit hides: a --root image is told, not refused.)
+    assert again.stderr.endswith(f"runnerd: {data} has a workspace already; not bootstrapping\n")
     link = run_cli("admin", "login-link", "--data-dir", str(data), "--email", "ops@example.com")
     assert link.returncode == 0, link.stderr
 

@@ -49,14 +49,14 @@ def test_a_zipapp_in_a_folder_the_unit_cannot_see_is_copied_to_opt(tmp_path: Pat
     assert f"copied the zipapp to {copied}, which the unit runs" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     unit = (root / "etc/systemd/system/runnerd.service").read_text()
-    assert f"ExecStart={sys.executable} /opt/runnerd/runnerd.pyz serve" in unit
+    assert f"ExecStart={python} /opt/runnerd/runnerd.pyz serve" in unit
     # The zipapp unpacks itself where the unit may write, not into root's hidden ~/.shiv.
     assert "\nEnvironment=SHIV_ROOT=/var/cache/runnerd/shiv\n" in unit
     assert "\nCacheDirectory=runnerd\n" in unit
     # Run again from the copy (an upgrade in place): nothing is copied onto itself.
     again = _install(copied, root)
     assert again.returncode == 0 and again.stderr == "", again.stderr
-    assert json.loads(again.stdout)["execStart"] == f"{sys.executable} /opt/runnerd/runnerd.pyz"
+    assert json.loads(again.stdout)["execStart"] == f"{python} /opt/runnerd/runnerd.pyz"
 
 
 def test_a_runnerd_the_unit_cannot_see_is_refused_with_one_line(tmp_path: Path) -> None:
